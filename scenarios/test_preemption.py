@@ -1,0 +1,31 @@
+"""The built-in preempt-and-resume scenarios, run against every job declared for spotchaos.
+
+Each scenario lets hypothesis choose preemption plans for one job; the verdict demands a
+bit-exact loss trajectory and final weights, SIGTERM answered inside the grace window by a
+checkpoint, and every restart resuming from the newest durable checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spotchaos.strategies import preemption_plans
+
+pytestmark = pytest.mark.spotchaos
+
+
+def test_notice_then_resume_is_bit_exact(spotchaos, spotchaos_job):
+    """One SIGTERM (to the main process, or to the whole group as a VM shutdown sends it)."""
+    spotchaos.explore(
+        spotchaos_job, lambda steps: preemption_plans(steps, faults=("sigterm", "sigterm-group"), max_preemptions=1)
+    )
+
+
+def test_hard_kill_then_resume_is_bit_exact(spotchaos, spotchaos_job):
+    """One SIGKILL without notice: the job resumes from its newest periodic checkpoint."""
+    spotchaos.explore(spotchaos_job, lambda steps: preemption_plans(steps, faults=("sigkill",), max_preemptions=1))
+
+
+def test_chained_preemptions_are_bit_exact(spotchaos, spotchaos_job):
+    """Two or three preemptions of any kind in one run, including during replayed steps."""
+    spotchaos.explore(spotchaos_job, lambda steps: preemption_plans(steps, min_preemptions=2, max_preemptions=3))

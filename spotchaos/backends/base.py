@@ -1,0 +1,49 @@
+"""The interface between the engine and whatever runs the job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One attempt of a job, fully resolved: what to run, where, with what environment."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: Path
+    stdout_path: Path
+    stderr_path: Path
+
+
+class Handle(Protocol):
+    """A running attempt."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def notify(self, signum: int, *, whole_group: bool) -> None:
+        """Send ``signum`` to the main process only, or to every process of the job."""
+
+    def kill(self) -> None:
+        """SIGKILL every process of the job (a hard kill, or the end of a grace window)."""
+
+    def poll(self) -> int | None:
+        """The exit status once the main process has exited (negative: killed by that signal)."""
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds for the main process; ``None`` if it still runs."""
+
+    def survivors(self) -> list[int]:
+        """Processes of the job still alive (after the main process exited, say)."""
+
+    def cleanup(self) -> None:
+        """Kill and reap everything the attempt started. Idempotent."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def start(self, spec: LaunchSpec) -> Handle: ...

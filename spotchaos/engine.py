@@ -1,0 +1,237 @@
+"""Runs a job under a plan: start, watch the events, preempt at a step, restart, repeat.
+
+The engine knows nothing of pytest or hypothesis: it receives a job, a plan and a working
+directory, and returns a :class:`RunRecord`. Whatever happens (the trainer hangs, crashes,
+writes garbage, or the caller is interrupted) every attempt is cleaned up before control
+leaves, so no process of the job outlives the call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from .backends import Backend, Handle, LaunchSpec, SubprocessBackend
+from .config import JobSpec
+from .errors import JobError
+from .events import EventReader
+from .faults import PREEMPTIONS
+from .plan import Plan, Preemption
+from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_RUN_ID
+from .trajectory import Attempt, FaultRecord, RunRecord
+
+POLL_SECONDS = 0.003
+TAIL_BYTES = 4000
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    root: Path  # where relative job paths are resolved: the project root
+    backend: Backend | None = None
+
+
+def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _last_lines(text: str, count: int = 8) -> str:
+    lines = [line for line in text.splitlines() if line.strip()][-count:]
+    return "\n".join("    " + line for line in lines) or "    (empty)"
+
+
+class _AttemptWatch:
+    """Drives one attempt: polls events, delivers its preemption, enforces the timeouts."""
+
+    def __init__(self, job: JobSpec, handle: Handle, reader: EventReader, preemption: Preemption | None):
+        self.job = job
+        self.handle = handle
+        self.reader = reader
+        self.preemption = preemption
+        self.started = time.monotonic()
+        self.first_event_at: float | None = None
+        self.last_event_at = self.started
+        self.last_step: int | None = None
+        self.fault: FaultRecord | None = None
+        self.delivered_at: float | None = None
+        self.exit_code: int | None = None
+
+    def run(self) -> None:
+        while True:
+            now = time.monotonic()
+            self._consume(now)
+            self._maybe_preempt(now)
+            code = self.handle.poll()
+            if code is not None:
+                self.exit_code = code
+                self._consume(time.monotonic())
+                if self.fault is not None and self.delivered_at is not None:
+                    self.fault.exit_seconds = time.monotonic() - self.delivered_at
+                return
+            self._enforce_deadlines(now)
+            time.sleep(POLL_SECONDS)
+
+    def _consume(self, now: float) -> None:
+        new = self.reader.read_new()
+        if not new:
+            return
+        if self.first_event_at is None:
+            self.first_event_at = now
+        self.last_event_at = now
+        for event in new:
+            if event["event"] == "step":
+                self.last_step = event["step"]
+
+    def _maybe_preempt(self, now: float) -> None:
+        p = self.preemption
+        if p is None or self.fault is not None or self.last_step is None or self.last_step < p.at_step:
+            return
+        fault = PREEMPTIONS[p.fault]
+        fault.apply(self.handle)
+        self.delivered_at = now
+        self.fault = FaultRecord(
+            fault=p.fault,
+            planned_step=p.at_step,
+            observed_step=self.last_step,
+            delivered_at=now - self.started,
+            grace_seconds=self.job.grace_seconds if fault.graceful else None,
+        )
+
+    def _enforce_deadlines(self, now: float) -> None:
+        if self.fault is not None and self.delivered_at is not None:
+            if self.fault.grace_seconds is not None and now - self.delivered_at > self.fault.grace_seconds:
+                self.fault.grace_exceeded = True
+                self.handle.kill()  # the grace window is over: the provider pulls the plug
+            return  # the job is being preempted: the grace window, not hang detection, applies
+        if self.first_event_at is None:
+            if now - self.started > self.job.start_timeout:
+                raise JobError(
+                    f"job {self.job.name!r} never started: no event within {self.job.start_timeout:g} s "
+                    f"(start_timeout). Does the trainer create a spotchaos.probe.Probe and call start()?"
+                )
+        elif now - self.last_event_at > self.job.event_timeout:
+            where = f"after step {self.last_step}" if self.last_step is not None else "after its start event"
+            raise JobError(
+                f"job {self.job.name!r} hangs: no event for {self.job.event_timeout:g} s {where} (event_timeout)"
+            )
+        if now - self.started > self.job.attempt_timeout:
+            raise JobError(f"job {self.job.name!r} ran past attempt_timeout ({self.job.attempt_timeout:g} s)")
+
+
+def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> RunRecord:
+    """Run ``job`` under ``plan`` in ``workdir`` (created; holds checkpoints, events and logs).
+
+    The checkpoint location is always a fresh directory inside ``workdir``: the harness works on
+    its own copies and never touches a checkpoint it did not create.
+    """
+    backend = options.backend or SubprocessBackend()
+    workdir.mkdir(parents=True, exist_ok=False)
+    checkpoints = workdir / "checkpoints"
+    checkpoints.mkdir()
+    run_id = uuid.uuid4().hex[:12]
+    cwd = (options.root / job.cwd) if job.cwd else options.root
+    if not cwd.is_dir():
+        raise JobError(f"{job.where('cwd')}: directory {cwd} does not exist")
+    started = time.monotonic()
+    attempts: list[Attempt] = []
+    for index in range(len(plan.preemptions) + 1):
+        preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
+        attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend)
+        attempts.append(attempt)
+        if attempt.fault is None or attempt.final is not None:
+            break  # finished (or failed without a preemption: the verdict says which)
+    return RunRecord(
+        job=job.name,
+        plan=str(plan),
+        attempts=attempts,
+        wall_seconds=time.monotonic() - started,
+        workdir=str(workdir),
+    )
+
+
+def _run_attempt(
+    job: JobSpec,
+    index: int,
+    preemption: Preemption | None,
+    workdir: Path,
+    cwd: Path,
+    checkpoints: Path,
+    run_id: str,
+    backend: Backend,
+) -> Attempt:
+    folder = workdir / f"attempt-{index}"
+    folder.mkdir()
+    events_path = folder / "events.jsonl"
+    env = {**os.environ, **job.environment()}
+    env.update(
+        {
+            ENV_EVENTS: str(events_path),
+            ENV_CHECKPOINT_URI: checkpoints.resolve().as_uri(),
+            ENV_RUN_ID: run_id,
+            ENV_ATTEMPT: str(index),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    spec = LaunchSpec(
+        argv=tuple(job.argv(resume=index > 0)),
+        env=env,
+        cwd=cwd,
+        stdout_path=folder / "stdout.log",
+        stderr_path=folder / "stderr.log",
+    )
+    reader = EventReader(events_path)
+    handle = backend.start(spec)
+    watch = _AttemptWatch(job, handle, reader, preemption)
+    orphans: list[int] = []
+    try:
+        try:
+            watch.run()
+        except JobError as exc:
+            raise JobError(f"{exc}\n  stderr (last lines):\n{_last_lines(_tail(spec.stderr_path))}") from None
+        orphans = handle.survivors()
+    finally:
+        handle.cleanup()
+    if reader.torn_tail and watch.fault is None:
+        raise JobError(
+            f"job {job.name!r} left an unfinished event line in {events_path.name}: "
+            f"{reader.torn_tail[:160].decode('utf-8', 'replace')!r} (each event must end with a newline)"
+        )
+    attempt = Attempt(
+        index=index,
+        exit_code=watch.exit_code,
+        wall_seconds=time.monotonic() - watch.started,
+        start_seconds=(watch.first_event_at - watch.started) if watch.first_event_at else None,
+        events=reader.events,
+        fault=watch.fault,
+        orphans=orphans,
+        stdout_tail=_tail(spec.stdout_path),
+        stderr_tail=_tail(spec.stderr_path),
+    )
+    if watch.fault is None:
+        _check_unprovoked_exit(job, attempt)
+    return attempt
+
+
+def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
+    """An attempt that ended without our fault must have finished training cleanly."""
+    last = attempt.steps[-1].step if attempt.steps else None
+    at = f"after step {last}" if last is not None else "before its first step"
+    if attempt.exit_code != 0:
+        raise JobError(
+            f"job {job.name!r} exited with status {attempt.exit_code} in attempt {attempt.index} {at}, "
+            f"without any preemption due.\n  stderr (last lines):\n{_last_lines(attempt.stderr_tail)}"
+        )
+    if attempt.final is None:
+        raise JobError(
+            f"job {job.name!r} exited 0 in attempt {attempt.index} {at} without a 'final' event: "
+            "call probe.final(model.state_dict(), step=...) when training ends"
+        )

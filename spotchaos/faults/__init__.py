@@ -1,0 +1,29 @@
+"""Faults: small named objects, each knowing how to do one thing to a running job.
+
+Like Toxiproxy's toxics, a fault does not decide *when* it happens or how likely it is; plans and
+hypothesis strategies decide that. The engine only asks a fault to ``apply`` itself and whether
+the job is then owed a grace window.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..backends.base import Handle
+from .signals import HardKill, Notice
+
+
+class Fault(Protocol):
+    name: str
+    graceful: bool  # True: the job may checkpoint and exit inside the grace window
+
+    def apply(self, handle: Handle) -> None: ...
+
+
+PREEMPTIONS: dict[str, Fault] = {
+    "sigterm": Notice(whole_group=False),
+    "sigterm-group": Notice(whole_group=True),
+    "sigkill": HardKill(),
+}
+
+__all__ = ["PREEMPTIONS", "Fault", "HardKill", "Notice"]

@@ -1,0 +1,38 @@
+"""Preemption as a provider delivers it: a notice (SIGTERM) with a grace window, or no notice."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from ..backends.base import Handle
+
+
+@dataclass(frozen=True)
+class Notice:
+    """SIGTERM, then the grace window; the engine sends SIGKILL when the window ends.
+
+    ``whole_group=False`` is ``docker stop`` and Kubernetes (PID 1 only); ``True`` is a VM
+    shutting down under systemd or SLURM, which also reaches DataLoader workers.
+    """
+
+    whole_group: bool
+    graceful: bool = field(default=True, init=False)
+
+    @property
+    def name(self) -> str:
+        return "sigterm-group" if self.whole_group else "sigterm"
+
+    def apply(self, handle: Handle) -> None:
+        handle.notify(signal.SIGTERM, whole_group=self.whole_group)
+
+
+@dataclass(frozen=True)
+class HardKill:
+    """SIGKILL to every process of the job with no warning: a host lost, an OOM kill."""
+
+    name: str = field(default="sigkill", init=False)
+    graceful: bool = field(default=False, init=False)
+
+    def apply(self, handle: Handle) -> None:
+        handle.kill()

@@ -1,0 +1,83 @@
+"""Run options resolved once, from the command line, the environment and pyproject.toml.
+
+Precedence: command line > environment > ``[tool.spotchaos]`` > default. Each error names
+where the bad value came from.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .config import Settings
+from .errors import ConfigError
+from .plan import Plan
+
+PROFILES: dict[str, int] = {"quick": 2, "standard": 4, "thorough": 12}
+"""Hypothesis examples (plans) per scenario and job for each profile."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    seed: int
+    profile: str
+    max_examples: int
+    output: str
+    plan: Plan | None
+    jobs: tuple[str, ...]
+    keep_runs: bool
+
+
+def resolve(
+    *,
+    seed: str | None,
+    last_seed: int | None,
+    profile: str | None,
+    examples: int | None,
+    output: str | None,
+    plan: str | None,
+    jobs: list[str] | None,
+    keep_runs: bool,
+    environ: Mapping[str, str],
+    settings: Settings,
+) -> RunOptions:
+    """Combine the sources; ``seed='last'`` replays the previous session's seed."""
+    if seed is None:
+        seed = environ.get("SPOTCHAOS_SEED")
+    if seed is None:
+        resolved_seed = random.randrange(2**32)
+    elif seed == "last":
+        if last_seed is None:
+            raise ConfigError("--spotchaos-seed=last: no previous spotchaos session is recorded in the cache")
+        resolved_seed = last_seed
+    else:
+        try:
+            resolved_seed = int(seed)
+        except ValueError:
+            raise ConfigError(f"--spotchaos-seed: expected an integer or 'last', got {seed!r}") from None
+        if resolved_seed < 0:
+            raise ConfigError(f"--spotchaos-seed: must be >= 0, got {resolved_seed}")
+
+    profile = profile or environ.get("SPOTCHAOS_PROFILE") or ("quick" if environ.get("CI") else "standard")
+    if profile not in PROFILES:
+        raise ConfigError(f"--spotchaos-profile: expected one of {', '.join(PROFILES)}, got {profile!r}")
+    if examples is not None and examples < 1:
+        raise ConfigError(f"--spotchaos-examples: must be >= 1, got {examples}")
+
+    known = {job.name for job in settings.jobs}
+    for name in jobs or ():
+        if name not in known:
+            raise ConfigError(
+                f"--spotchaos-job: no job named {name!r} (declared: {', '.join(sorted(known)) or 'none'})"
+            )
+
+    return RunOptions(
+        seed=resolved_seed,
+        profile=profile,
+        max_examples=examples or PROFILES[profile],
+        output=output or settings.output,
+        plan=Plan.parse(plan) if plan else None,
+        jobs=tuple(jobs or ()),
+        keep_runs=keep_runs,
+    )

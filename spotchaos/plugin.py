@@ -1,0 +1,300 @@
+"""pytest glue: options, fixtures, the marker, the header, the summary and the report file.
+
+Everything that measures or decides lives in plain modules (engine, verdict, runner, report);
+this module only translates between them and pytest.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import hooks
+from .config import JobSpec, Settings, load_settings
+from .errors import ConfigError, SpotchaosError
+from .options import PROFILES, RunOptions, resolve
+from .plan import Plan
+from .report import build_report, now_iso, write_json
+from .runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
+
+SKIP_REASON = "chaos scenario: run with --spotchaos (it starts real training jobs)"
+CACHE_SEED = "spotchaos/seed"
+
+
+@dataclass
+class _State:
+    settings: Settings
+    options: RunOptions
+    runner: ChaosRunner
+    started: str
+    scenarios: list[dict[str, Any]] = field(default_factory=list)
+
+
+STATE = pytest.StashKey[_State]()
+RECORDS = pytest.StashKey[list[ScenarioRecord]]()
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hooks)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("spotchaos", "preempt real training jobs and check they resume bit-exact")
+    group.addoption("--spotchaos", action="store_true", help="run chaos scenarios (default: skipped)")
+    group.addoption(
+        "--spotchaos-seed",
+        metavar="N|last",
+        help="seed of the plan search; 'last' replays the previous session (default: random, printed)",
+    )
+    group.addoption(
+        "--spotchaos-profile",
+        choices=sorted(PROFILES),
+        help="plans per scenario: "
+        + ", ".join(f"{k}={v}" for k, v in PROFILES.items())
+        + " (default: quick when CI is set, else standard)",
+    )
+    group.addoption("--spotchaos-examples", type=int, metavar="N", help="plans per scenario, overrides the profile")
+    group.addoption(
+        "--spotchaos-plan",
+        metavar="PLAN",
+        help="run exactly this plan instead of searching, e.g. 'sigterm@5,sigkill@12' (default: search)",
+    )
+    group.addoption("--spotchaos-job", action="append", metavar="NAME", help="only this job (repeatable; default: all)")
+    group.addoption(
+        "--spotchaos-output",
+        metavar="DIR",
+        help="where the report goes (default: [tool.spotchaos].output, else spotchaos-report)",
+    )
+    group.addoption(
+        "--spotchaos-keep-runs",
+        action="store_true",
+        help="keep the working directory of passing runs too (default: only failing ones)",
+    )
+
+
+def _pyproject(config: pytest.Config) -> Path:
+    inipath = config.inipath
+    if inipath is not None and inipath.name == "pyproject.toml":
+        return inipath
+    return config.rootpath / "pyproject.toml"
+
+
+def _declared_jobs(config: pytest.Config) -> Settings:
+    settings = load_settings(_pyproject(config))
+    extra = [job for batch in config.hook.pytest_spotchaos_jobs(config=config) for job in batch or ()]
+    names = [job.name for job in (*settings.jobs, *extra)]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"job {duplicates[0]!r} is declared twice (pyproject.toml and pytest_spotchaos_jobs?)")
+    return Settings(output=settings.output, jobs=(*settings.jobs, *extra))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spotchaos: a chaos scenario; skipped unless --spotchaos is given")
+    if not config.getoption("spotchaos"):
+        return
+    try:
+        settings = _declared_jobs(config)
+        options = resolve(
+            seed=config.getoption("spotchaos_seed"),
+            last_seed=config.cache.get(CACHE_SEED, None) if config.cache else None,
+            profile=config.getoption("spotchaos_profile"),
+            examples=config.getoption("spotchaos_examples"),
+            output=config.getoption("spotchaos_output"),
+            plan=config.getoption("spotchaos_plan"),
+            jobs=config.getoption("spotchaos_job"),
+            keep_runs=config.getoption("spotchaos_keep_runs"),
+            environ=os.environ,
+            settings=settings,
+        )
+    except ConfigError as exc:
+        raise pytest.UsageError(f"spotchaos: {exc}") from None
+    if config.cache is not None:
+        config.cache.set(CACHE_SEED, options.seed)
+    runner = ChaosRunner(config.rootpath, keep_passing=options.keep_runs)
+    state = _State(settings, options, runner, now_iso())
+    config.stash[STATE] = state
+    config.pluginmanager.register(_Collector(config, state), "spotchaos-collector")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None:
+        state.runner.close()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return None
+    o = state.options
+    jobs = ", ".join(j.name for j in _selected(state)) or "none declared"
+    return [
+        f"spotchaos: seed {o.seed} (replay with --spotchaos-seed={o.seed}), profile {o.profile} "
+        f"({o.max_examples} plans per scenario), jobs: {jobs}, report: {o.output}/report.json"
+    ]
+
+
+def _selected(state: _State) -> list[JobSpec]:
+    return [j for j in state.settings.jobs if not state.options.jobs or j.name in state.options.jobs]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "spotchaos_job" not in metafunc.fixturenames:
+        return
+    state = metafunc.config.stash.get(STATE, None)
+    if state is None:  # --spotchaos not given: one placeholder, skipped at collection
+        metafunc.parametrize("spotchaos_job", [None], ids=["off"])
+        return
+    jobs = _selected(state)
+    if not jobs:
+        raise pytest.UsageError(
+            "spotchaos: no job to test. Declare one in pyproject.toml:\n"
+            '  [tool.spotchaos.jobs.train]\n  command = ["python", "train.py"]'
+        )
+    metafunc.parametrize("spotchaos_job", jobs, ids=[j.name for j in jobs])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.stash.get(STATE, None) is not None:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        uses = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("spotchaos") or {"spotchaos", "spotchaos_job"} & uses:
+            item.add_marker(skip)
+
+
+class Scenario:
+    """What the ``spotchaos`` fixture hands a test: run plans against jobs, recorded for the report."""
+
+    def __init__(self, state: _State, item: pytest.Item) -> None:
+        self._state = state
+        self._item = item
+        self._seed = (state.options.seed + zlib.crc32(item.nodeid.encode())) % 2**32
+        item.stash[RECORDS] = []
+
+    @property
+    def runner(self) -> ChaosRunner:
+        return self._state.runner
+
+    def _record(self, job: JobSpec) -> ScenarioRecord:
+        record = ScenarioRecord(scenario=self._item.nodeid, job=job.name, seed=self._state.options.seed)
+        self._item.stash[RECORDS].append(record)
+        return record
+
+    def check(self, job: JobSpec, plan: Plan | str) -> None:
+        """Run one plan (``Plan`` or ``"sigterm@5,sigkill@12"``); fail unless every verdict holds."""
+        plan = Plan.parse(plan) if isinstance(plan, str) else plan
+        record = self._record(job)
+        record.plans_tried = 1
+        self._guard(record, lambda: self.runner.check(job, plan, record))
+
+    def explore(self, job: JobSpec, plans: PlanSource | None = None) -> None:
+        """Search plans with hypothesis (``--spotchaos-plan`` replays one plan instead)."""
+        if self._state.options.plan is not None:
+            self.check(job, self._state.options.plan)
+            return
+        record = self._record(job)
+        settings = ExploreSettings(max_examples=self._state.options.max_examples, seed=self._seed)
+        self._guard(record, lambda: self.runner.explore(job, plans, settings=settings, record=record))
+
+    def _guard(self, record: ScenarioRecord, action) -> None:
+        try:
+            action()
+        except ChaosFailure as failure:
+            record.passed = False
+            record.failing_plan = str(failure.plan)
+            raise
+        except SpotchaosError as exc:
+            record.passed = False
+            record.error = str(exc)
+            raise
+
+
+@pytest.fixture
+def spotchaos(request: pytest.FixtureRequest) -> Scenario:
+    """Run and search preemption plans; see the README's 'Writing your own scenario'."""
+    state = request.config.stash.get(STATE, None)
+    if state is None:
+        pytest.skip(SKIP_REASON)
+    return Scenario(state, request.node)
+
+
+@pytest.fixture
+def spotchaos_job(request: pytest.FixtureRequest) -> JobSpec:
+    """Each declared job in turn (parametrized at collection)."""
+    return request.param
+
+
+def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
+    parts = ["pytest", "--spotchaos", f"--spotchaos-seed={state.options.seed}"]
+    if plan:
+        parts.append(f"--spotchaos-plan='{plan}'")
+    parts.append(f"'{item.nodeid}'")
+    return " ".join(parts)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    state = item.config.stash.get(STATE, None)
+    if state is None or call.when != "call" or RECORDS not in item.stash:
+        return report
+    records = []
+    for record in item.stash[RECORDS]:
+        data = asdict(record)
+        data["outcome"] = report.outcome
+        data["replay"] = _replay_command(item, state, record.failing_plan)
+        records.append(data)
+    report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
+    if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError | ChaosFailure):
+        notes = getattr(call.excinfo.value, "__notes__", [])
+        replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
+        report.longrepr = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
+    return report
+
+
+class _Collector:
+    """Gathers scenario records and writes the report; registered only when --spotchaos is on."""
+
+    def __init__(self, config: pytest.Config, state: _State) -> None:
+        self.config = config
+        self.state = state
+        self.path: Path | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.state.scenarios.extend(getattr(report, "spotchaos_records", None) or [])
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput"):
+            return  # an xdist worker sends its records to the controller, which writes once
+        state = self.state
+        document = build_report(
+            root=self.config.rootpath,
+            seed=state.options.seed,
+            profile=state.options.profile,
+            jobs=[j.describe() for j in _selected(state)],
+            scenarios=state.scenarios,
+            started=state.started,
+        )
+        self.config.hook.pytest_spotchaos_report(config=self.config, report=document)
+        self.path = write_json(document, self.config.rootpath / state.options.output / "report.json")
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        tr = terminalreporter
+        tr.section("spotchaos")
+        for s in self.state.scenarios:
+            verdict = "bit-exact" if s["passed"] else ("ERROR" if s.get("error") else "FAILED")
+            detail = f"failing plan {s['failing_plan']}" if s.get("failing_plan") else ""
+            lost = sum(r["lost_steps"] for r in s["runs"])
+            tr.write_line(f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}".rstrip())
+        if self.path is not None:
+            tr.write_line(f"report: {self.path}")
+        seed = self.state.options.seed
+        tr.write_line(f"seed: {seed} (replay with --spotchaos-seed={seed})")

@@ -1,0 +1,209 @@
+"""The trainer side of the spotchaos contract.
+
+A training script imports this module (and nothing else of spotchaos) to report what it does:
+the loss of every step, every checkpoint it makes, where it resumed from, which damaged
+checkpoints it skipped, and the digests of its final weights. Everything travels through one
+JSON-lines file named by ``SPOTCHAOS_EVENTS`` so that the same script works as a subprocess,
+inside a container, or on another host whose file system the harness can read.
+
+Why so strict about imports: this module must be importable inside the user's training image,
+which has torch but not necessarily pytest, hypothesis, docker or boto3. Only the standard
+library is imported at module level; torch is touched only when a tensor is handed in.
+
+Every write is one ``os.write`` on an ``O_APPEND`` descriptor, so a line is either entirely in
+the file or not at all, even when the process is SIGKILLed mid-training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+EVENT_SCHEMA_VERSION = 1
+
+ENV_EVENTS = "SPOTCHAOS_EVENTS"
+ENV_CHECKPOINT_URI = "SPOTCHAOS_CHECKPOINT_URI"
+ENV_RUN_ID = "SPOTCHAOS_RUN_ID"
+ENV_ATTEMPT = "SPOTCHAOS_ATTEMPT"
+ENV_RANK = "SPOTCHAOS_RANK"
+
+__all__ = [
+    "ENV_ATTEMPT",
+    "ENV_CHECKPOINT_URI",
+    "ENV_EVENTS",
+    "ENV_RANK",
+    "ENV_RUN_ID",
+    "EVENT_SCHEMA_VERSION",
+    "Probe",
+    "checkpoint_dir_from_env",
+    "fingerprint",
+    "loss_to_hex",
+    "tensor_digest",
+    "tensor_digests",
+]
+
+
+def loss_to_hex(loss: Any) -> str:
+    """Return the loss as ``float.hex`` so that every bit survives the trip through JSON.
+
+    A decimal repr of a float32 loss widened to float64 is exact too, but hex makes the
+    intent unmistakable in the events file and in the report.
+    """
+    if hasattr(loss, "detach"):  # a torch tensor; .item() keeps the value, float() the bits
+        loss = loss.detach().float().cpu().item()
+    value = float(loss)
+    return value.hex()
+
+
+def tensor_digest(tensor: Any) -> str:
+    """sha256 over dtype, shape and the raw bytes of a tensor (any dtype, any device).
+
+    dtype and shape are part of the digest: a resumed run that silently comes back in another
+    dtype has not resumed bit-exact even if the bytes happened to agree.
+    """
+    import torch  # only trainers that report weights need torch
+
+    t = tensor.detach().cpu().contiguous()
+    header = f"{t.dtype}|{tuple(t.shape)}|".encode()
+    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return hashlib.sha256(header + raw).hexdigest()
+
+
+def tensor_digests(tensors: Mapping[str, Any]) -> dict[str, str]:
+    """Digest every tensor of a state dict; non-tensor entries are digested from their repr."""
+    out: dict[str, str] = {}
+    for name in sorted(tensors):
+        value = tensors[name]
+        if hasattr(value, "detach"):
+            out[name] = tensor_digest(value)
+        else:
+            out[name] = hashlib.sha256(repr(value).encode()).hexdigest()
+    return out
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short digest of anything: bytes, tensors, numbers, sequences (for step fingerprints)."""
+    h = hashlib.sha256()
+    for part in parts:
+        if hasattr(part, "detach"):
+            h.update(tensor_digest(part).encode())
+        elif isinstance(part, bytes | bytearray):
+            h.update(bytes(part))
+        else:
+            h.update(repr(part).encode())
+        h.update(b"\x00")
+    return h.hexdigest()[:16]
+
+
+def _fingerprint_value(value: Any) -> Any:
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, str | int | bool) or value is None:
+        return value
+    return fingerprint(value)
+
+
+def checkpoint_dir_from_env(default: str | None = None) -> str | None:
+    """The local directory behind ``SPOTCHAOS_CHECKPOINT_URI`` (``file://`` URIs), else ``default``."""
+    uri = os.environ.get(ENV_CHECKPOINT_URI)
+    if not uri:
+        return default
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return unquote(parsed.path)
+    if parsed.scheme == "":
+        return uri
+    return default
+
+
+class Probe:
+    """Appends contract events for one attempt of one run.
+
+    Without ``SPOTCHAOS_EVENTS`` the probe is disabled and every call is a cheap no-op, so a
+    trainer can keep its probe calls in production.
+    """
+
+    def __init__(self, path: str | None, *, run_id: str = "", attempt: int = 0, rank: int = 0) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.attempt = attempt
+        self.rank = rank
+        self._fd: int | None = None
+        if path:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    @classmethod
+    def from_env(cls) -> Probe:
+        """Build a probe from the contract's environment variables."""
+        return cls(
+            os.environ.get(ENV_EVENTS) or None,
+            run_id=os.environ.get(ENV_RUN_ID, ""),
+            attempt=int(os.environ.get(ENV_ATTEMPT, "0") or 0),
+            rank=int(os.environ.get(ENV_RANK, "0") or 0),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self._fd is not None
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Write one event line. Public so trainers can add their own event kinds."""
+        if self._fd is None:
+            return
+        record = {"event": event, "t": time.time(), "rank": self.rank, **fields}
+        line = json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n"
+        os.write(self._fd, line.encode())
+
+    def start(self, **info: Any) -> None:
+        """The trainer is up: the harness measures start-up latency and hang detection from here."""
+        self.emit("start", schema=EVENT_SCHEMA_VERSION, pid=os.getpid(), run_id=self.run_id, **info)
+
+    def step(
+        self,
+        step: int,
+        loss: Any,
+        *,
+        seconds: float | None = None,
+        fingerprints: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Step ``step`` (0-based, global) finished with ``loss``.
+
+        ``fingerprints`` are optional values that must also be identical in a resumed run (the
+        learning rate, a digest of the batch's sample ids, of the RNG state): when the loss
+        diverges, the harness names which of them diverged with it, which is usually the cause.
+        """
+        fields: dict[str, Any] = {"step": int(step), "loss": loss_to_hex(loss)}
+        if seconds is not None:
+            fields["seconds"] = float(seconds)
+        if fingerprints:
+            fields["fp"] = {str(k): _fingerprint_value(v) for k, v in fingerprints.items()}
+        self.emit("step", **fields)
+
+    def checkpoint(self, step: int, *, seconds: float, nbytes: int, uri: str, reason: str = "periodic") -> None:
+        """A checkpoint holding the state *after* step ``step`` is durable at ``uri``.
+
+        ``reason`` is ``periodic`` or ``preemption`` (written because of SIGTERM).
+        """
+        self.emit("checkpoint", step=int(step), seconds=float(seconds), bytes=int(nbytes), uri=uri, reason=reason)
+
+    def resume(self, from_step: int, uri: str) -> None:
+        """Training continues after step ``from_step``, restored from ``uri``."""
+        self.emit("resume", from_step=int(from_step), uri=uri)
+
+    def rollback(self, skipped_uri: str, reason: str) -> None:
+        """A checkpoint newer than the one resumed from was skipped because it did not verify."""
+        self.emit("rollback", skipped_uri=skipped_uri, reason=reason)
+
+    def final(self, tensors: Mapping[str, Any], *, step: int) -> None:
+        """Training finished after step ``step``; ``tensors`` are the weights (and any state) to compare."""
+        self.emit("final", step=int(step), digests=tensor_digests(tensors))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

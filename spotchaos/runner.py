@@ -1,0 +1,196 @@
+"""Scenarios as a user writes them: run a job under a plan, or let hypothesis search plans.
+
+A :class:`ChaosRunner` lives for one test session. It runs the uninterrupted reference of each
+job once and reuses it, gives every run a fresh working directory (removed when the run passes,
+kept for a failure so its logs and checkpoints can be inspected), and records every scenario's
+outcome for the report. It knows hypothesis but not pytest.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import seed as hypothesis_seed
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from .config import JobSpec
+from .engine import EngineOptions, run_job
+from .errors import SpotchaosError
+from .plan import Plan
+from .strategies import preemption_plans
+from .trajectory import RunRecord
+from .verdict import Verdict, judge
+
+PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
+
+
+class ChaosFailure(AssertionError):
+    """A plan under which the job did not resume bit-exact (or broke another verdict)."""
+
+    def __init__(self, job: str, plan: Plan, verdict: Verdict, workdir: str) -> None:
+        self.job, self.plan, self.verdict, self.workdir = job, plan, verdict, workdir
+        super().__init__(
+            f"job {job!r} under plan {plan}:\n{verdict.message()}\n  (logs and checkpoints kept in {workdir})"
+        )
+
+
+@dataclass
+class ScenarioRecord:
+    """What the report says of one scenario (one test, one job)."""
+
+    scenario: str
+    job: str
+    seed: int | None
+    passed: bool = True
+    plans_tried: int = 0
+    failing_plan: str | None = None
+    verdict: dict[str, Any] | None = None
+    error: str | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    reference: dict[str, Any] | None = None
+
+
+@dataclass
+class ExploreSettings:
+    max_examples: int = 3
+    seed: int | None = None
+
+
+class ChaosRunner:
+    def __init__(self, root: Path, *, workdir: Path | None = None, keep_passing: bool = False) -> None:
+        self.root = root
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
+        self.keep_passing = keep_passing
+        self._references: dict[str, RunRecord] = {}
+        self._lock = threading.Lock()
+        self._counter = 0
+
+    def _next_dir(self, label: str) -> Path:
+        with self._lock:
+            self._counter += 1
+            return self.workdir / f"{self._counter:04d}-{label}"
+
+    def reference(self, job: JobSpec) -> RunRecord:
+        """The uninterrupted run of ``job``, computed once per session and job configuration."""
+        key = job.key()
+        if key not in self._references:
+            record = run_job(job, Plan(), self._next_dir(f"{job.name}-reference"), self._options())
+            if not record.steps:
+                raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
+            self._references[key] = record
+        return self._references[key]
+
+    def _options(self) -> EngineOptions:
+        return EngineOptions(root=self.root)
+
+    def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
+        reference = self.reference(job)
+        workdir = self._next_dir(f"{job.name}-{len(plan.preemptions)}p")
+        record = run_job(job, plan, workdir, self._options())
+        verdict = judge(reference, record)
+        if verdict.passed and not self.keep_passing:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return record, verdict
+
+    def check(self, job: JobSpec, plan: Plan, record: ScenarioRecord | None = None) -> Verdict:
+        """Run one plan; raise :class:`ChaosFailure` unless every verdict holds."""
+        run, verdict = self.run(job, plan)
+        if record is not None:
+            _note(record, plan, run, verdict, self.reference(job))
+        if not verdict.passed:
+            raise ChaosFailure(job.name, plan, verdict, run.workdir)
+        return verdict
+
+    def explore(
+        self,
+        job: JobSpec,
+        plans: PlanSource | None = None,
+        *,
+        settings: ExploreSettings | None = None,
+        record: ScenarioRecord | None = None,
+    ) -> int:
+        """Let hypothesis search plans; on failure it shrinks to the smallest failing plan.
+
+        Returns the number of plans tried. A :class:`SpotchaosError` (the job hung, crashed on
+        its own, wrote garbage) stops the search at once instead of being shrunk.
+        """
+        settings = settings or ExploreSettings()
+        total_steps = len(self.reference(job).steps)
+        if plans is None:
+            strategy = preemption_plans(total_steps)
+        elif isinstance(plans, st.SearchStrategy):
+            strategy = plans
+        else:
+            strategy = plans(total_steps)
+        aborted: list[SpotchaosError] = []
+        tried = 0
+
+        def attempt(plan: Plan) -> None:
+            nonlocal tried
+            if aborted:
+                return
+            tried += 1
+            try:
+                self.check(job, plan, record)
+            except SpotchaosError as exc:
+                aborted.append(exc)
+
+        test = given(plan=strategy)(attempt)
+        test = hypothesis_settings(
+            max_examples=settings.max_examples,
+            deadline=None,
+            database=None,
+            derandomize=settings.seed is None,
+            phases=(Phase.generate, Phase.shrink),
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            print_blob=False,
+        )(test)
+        if settings.seed is not None:
+            test = hypothesis_seed(settings.seed)(test)
+        try:
+            test()
+        finally:
+            if record is not None:
+                record.plans_tried = tried
+        if aborted:
+            raise aborted[0]
+        return tried
+
+    def close(self) -> None:
+        """Remove the session's working directory unless a failure left something to inspect."""
+        if self.workdir.exists() and not any(self.workdir.iterdir()):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord) -> None:
+    summary = {
+        "plan": str(plan),
+        "passed": verdict.passed,
+        "wall_seconds": round(run.wall_seconds, 3),
+        "attempts": len(run.attempts),
+        "lost_steps": verdict.lost_steps,
+        "faults": [f.__dict__ for f in run.faults],
+        "restart_seconds": [a.start_seconds for a in run.attempts[1:]],
+    }
+    record.runs.append(summary)
+    if record.reference is None:
+        record.reference = {
+            "wall_seconds": round(reference.wall_seconds, 3),
+            "steps": len(reference.steps),
+            "start_seconds": reference.attempts[0].start_seconds,
+        }
+    if not verdict.passed:
+        record.passed = False
+        record.failing_plan = str(plan)  # hypothesis runs the minimal plan last
+        record.verdict = verdict.to_dict()
+    elif record.passed:
+        record.verdict = verdict.to_dict()

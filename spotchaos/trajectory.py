@@ -1,0 +1,92 @@
+"""What a run left behind: every attempt's events, exit and the fault it received.
+
+Plain data with no behaviour beyond convenient views, so the verdict can stay pure and the
+report can serialise it as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .events import Event
+
+
+@dataclass
+class FaultRecord:
+    """One preemption as it really happened."""
+
+    fault: str
+    planned_step: int
+    observed_step: int  # last step the attempt had reported when the fault was delivered
+    delivered_at: float  # seconds since the attempt started
+    exit_seconds: float | None = None  # from delivery until the main process exited
+    grace_seconds: float | None = None
+    grace_exceeded: bool = False
+
+
+@dataclass
+class StepRecord:
+    attempt: int
+    step: int
+    loss: str
+    fingerprints: dict[str, Any]
+    seconds: float | None
+
+
+@dataclass
+class Attempt:
+    index: int
+    exit_code: int | None
+    wall_seconds: float
+    start_seconds: float | None  # until the first event: cold start, imports, restore
+    events: list[Event] = field(default_factory=list)
+    fault: FaultRecord | None = None
+    orphans: list[int] = field(default_factory=list)  # processes left after the main one exited
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+
+    def of_kind(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e["event"] == kind]
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return [
+            StepRecord(self.index, e["step"], e["loss"], dict(e.get("fp") or {}), e.get("seconds"))
+            for e in self.of_kind("step")
+        ]
+
+    @property
+    def final(self) -> Event | None:
+        finals = self.of_kind("final")
+        return finals[-1] if finals else None
+
+
+@dataclass
+class RunRecord:
+    """All attempts of one run of a job under one plan."""
+
+    job: str
+    plan: str
+    attempts: list[Attempt]
+    wall_seconds: float
+    workdir: str
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return [s for a in self.attempts for s in a.steps]
+
+    @property
+    def final(self) -> Event | None:
+        return self.attempts[-1].final if self.attempts else None
+
+    @property
+    def faults(self) -> list[FaultRecord]:
+        return [a.fault for a in self.attempts if a.fault is not None]
+
+    def to_dict(self, *, with_events: bool = False) -> dict[str, Any]:
+        data = asdict(self)
+        if not with_events:
+            for attempt in data["attempts"]:
+                attempt.pop("events")
+        return data

@@ -1,0 +1,273 @@
+"""Is the preempted run the run it would have been? Pure functions, no I/O.
+
+The reference is one uninterrupted run of the same job. The chaos run passes only if every
+step's loss (and every fingerprint the trainer reports beside it) equals the reference bit for
+bit, replayed steps included; no step is missing; the final per-tensor digests are equal; every
+SIGTERM was answered inside the grace window by a checkpoint and a clean exit; and every
+restart resumed from the newest checkpoint that was durable (or said why it rolled back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .trajectory import Attempt, RunRecord, StepRecord
+
+# What a fingerprint that diverges together with the loss usually means.
+FINGERPRINT_HINTS = {
+    "lr": "the learning rate differs: LR scheduler (or optimizer param groups) not restored?",
+    "batch": "the batch differs: data order or position in the epoch not restored?",
+    "rng": "the RNG state differs: python/numpy/torch RNG state not saved or not restored?",
+}
+
+
+@dataclass
+class Divergence:
+    step: int
+    attempt: int
+    field: str  # "loss" or the name of a fingerprint
+    reference: Any
+    observed: Any
+    resumed_from: int | None  # the checkpoint step this attempt resumed after, if any
+    also_differs: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        where = f"step {self.step} (attempt {self.attempt}"
+        if self.resumed_from is not None:
+            distance = self.step - self.resumed_from
+            where += (
+                ", the first step after resuming from step " + str(self.resumed_from)
+                if distance == 1
+                else f", {distance} steps after resuming from step {self.resumed_from}"
+            )
+        where += ")"
+        text = f"{self.field} diverged at {where}: reference {_show(self.reference)}, got {_show(self.observed)}"
+        hints = [FINGERPRINT_HINTS[f] for f in [self.field, *self.also_differs] if f in FINGERPRINT_HINTS]
+        others = [f for f in self.also_differs if f != self.field]
+        if others:
+            text += f"; also differs at that step: {', '.join(others)}"
+        if hints:
+            text += "; hint: " + " ".join(hints)
+        return text
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str) and value.startswith(("0x", "-0x")):
+        try:
+            return f"{value} ({float.fromhex(value)!r})"
+        except ValueError:
+            pass
+    return repr(value)
+
+
+@dataclass
+class GraceResult:
+    attempt: int
+    fault: str
+    signal_step: int
+    exit_seconds: float | None
+    grace_seconds: float
+    exit_code: int | None
+    checkpoint_step: int | None  # newest checkpoint the attempt wrote at or after the signal
+    ok: bool
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    failures: list[str]
+    first_divergence: Divergence | None
+    missing_steps: list[int]
+    unexpected_steps: list[int]
+    differing_tensors: list[str]
+    lost_steps: int
+    grace: list[GraceResult]
+    reference_steps: int
+
+    def message(self) -> str:
+        if self.passed:
+            return "bit-exact"
+        return "\n".join(f"- {f}" for f in self.failures)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _compare_step(ref: StepRecord, got: StepRecord) -> list[str]:
+    """Names of the fields that differ: "loss" first, then fingerprints both runs report."""
+    fields = ["loss"] if ref.loss != got.loss else []
+    for name in sorted(set(ref.fingerprints) & set(got.fingerprints)):
+        if ref.fingerprints[name] != got.fingerprints[name]:
+            fields.append(name)
+    return fields
+
+
+def _resume_points(attempts: list[Attempt]) -> dict[int, int | None]:
+    """For each attempt, the step it resumed after (from its resume event or its first step)."""
+    points: dict[int, int | None] = {}
+    for attempt in attempts:
+        resumes = attempt.of_kind("resume")
+        if resumes:
+            points[attempt.index] = resumes[0]["from_step"]
+        elif attempt.index > 0 and attempt.steps:
+            points[attempt.index] = attempt.steps[0].step - 1
+        else:
+            points[attempt.index] = None
+    return points
+
+
+def find_divergence(reference: RunRecord, chaos: RunRecord) -> Divergence | None:
+    """The chronologically first step occurrence in ``chaos`` that differs from the reference."""
+    by_step = {s.step: s for s in reference.steps}
+    resumed = _resume_points(chaos.attempts)
+    for got in chaos.steps:
+        ref = by_step.get(got.step)
+        if ref is None:
+            continue
+        differing = _compare_step(ref, got)
+        if differing:
+            main = differing[0]
+            ref_value = ref.loss if main == "loss" else ref.fingerprints[main]
+            got_value = got.loss if main == "loss" else got.fingerprints[main]
+            return Divergence(
+                step=got.step,
+                attempt=got.attempt,
+                field=main,
+                reference=ref_value,
+                observed=got_value,
+                resumed_from=resumed.get(got.attempt),
+                also_differs=differing[1:],
+            )
+    return None
+
+
+def _grace_results(chaos: RunRecord) -> list[GraceResult]:
+    results = []
+    for attempt in chaos.attempts:
+        fault = attempt.fault
+        if fault is None or fault.grace_seconds is None:
+            continue
+        ckpts = [e["step"] for e in attempt.of_kind("checkpoint") if e["step"] >= fault.observed_step]
+        ok = not fault.grace_exceeded and attempt.exit_code == 0 and bool(ckpts)
+        if attempt.final is not None:  # training ended before the notice could matter
+            ok = ok or (attempt.exit_code == 0 and not fault.grace_exceeded)
+        results.append(
+            GraceResult(
+                attempt=attempt.index,
+                fault=fault.fault,
+                signal_step=fault.observed_step,
+                exit_seconds=fault.exit_seconds,
+                grace_seconds=fault.grace_seconds,
+                exit_code=attempt.exit_code,
+                checkpoint_step=max(ckpts) if ckpts else None,
+                ok=ok,
+            )
+        )
+    return results
+
+
+def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
+    signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
+    if attempt.fault is not None and attempt.fault.grace_exceeded:
+        return (
+            f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, so it "
+            "was SIGKILLed — does the trainer handle SIGTERM (checkpoint, then exit 0)?"
+        )
+    if g.exit_code != 0:
+        return (
+            f"the job exited with status {g.exit_code} {g.exit_seconds or 0:.2f} s after {signal} instead of "
+            "checkpointing and exiting 0"
+            + (
+                " — a group-wide SIGTERM also reaches DataLoader workers; do they ignore it?"
+                if g.fault == "sigterm-group"
+                else ""
+            )
+        )
+    newest = [e["step"] for e in attempt.of_kind("checkpoint")]
+    return (
+        f"no checkpoint at or after step {g.signal_step} after {signal}; it exited 0 "
+        f"(newest checkpoint of that attempt: {max(newest) if newest else 'none'})"
+    )
+
+
+def _resume_failures(chaos: RunRecord) -> list[str]:
+    """Each restart must resume from the newest checkpoint reported durable before it."""
+    failures = []
+    durable: int | None = None
+    resumed = _resume_points(chaos.attempts)
+    for attempt in chaos.attempts:
+        if attempt.index > 0:
+            point = resumed[attempt.index]
+            start = -1 if point is None else point
+            rolled_back = bool(attempt.of_kind("rollback"))
+            if durable is not None and start < durable and not rolled_back:
+                failures.append(
+                    f"attempt {attempt.index} resumed after step {start} although a checkpoint after step "
+                    f"{durable} was durable and no rollback was reported: work was lost silently"
+                )
+        steps = [e["step"] for e in attempt.of_kind("checkpoint")]
+        if steps:
+            durable = max(steps) if durable is None else max(durable, *steps)
+    return failures
+
+
+def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
+    """Compare a chaos run with the uninterrupted reference run of the same job."""
+    failures: list[str] = []
+    ref_steps = sorted({s.step for s in reference.steps})
+    got_steps = {s.step for s in chaos.steps}
+    missing = sorted(set(ref_steps) - got_steps)
+    unexpected = sorted(got_steps - set(ref_steps))
+
+    divergence = find_divergence(reference, chaos)
+    if divergence is not None:
+        failures.append(divergence.describe())
+    if missing:
+        failures.append(f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}")
+    if unexpected:
+        failures.append(f"steps the reference never ran: {_ranges(unexpected)}")
+
+    differing: list[str] = []
+    ref_final, got_final = reference.final, chaos.final
+    if got_final is None:
+        failures.append("the preempted run never reported a 'final' event")
+    elif ref_final is not None:
+        ref_d, got_d = ref_final["digests"], got_final["digests"]
+        differing = sorted(k for k in set(ref_d) | set(got_d) if ref_d.get(k) != got_d.get(k))
+        if differing:
+            shown = ", ".join(differing[:8]) + (f" and {len(differing) - 8} more" if len(differing) > 8 else "")
+            failures.append(f"final weights differ in {len(differing)} of {len(ref_d)} tensor(s): {shown}")
+
+    grace = _grace_results(chaos)
+    attempts = {a.index: a for a in chaos.attempts}
+    failures.extend(_grace_failure(g, attempts[g.attempt]) for g in grace if not g.ok)
+    failures.extend(_resume_failures(chaos))
+
+    return Verdict(
+        passed=not failures,
+        failures=failures,
+        first_divergence=divergence,
+        missing_steps=missing,
+        unexpected_steps=unexpected,
+        differing_tensors=differing,
+        lost_steps=max(0, len(chaos.steps) - len(reference.steps)),
+        grace=grace,
+        reference_steps=len(ref_steps),
+    )
+
+
+def _ranges(values: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    parts, start, prev = [], None, None
+    for v in values:
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:
+            prev = v
+        else:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = v
+    if start is not None:
+        parts.append(f"{start}-{prev}" if start != prev else str(start))
+    return ", ".join(parts)
