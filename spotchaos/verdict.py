@@ -70,6 +70,7 @@ class GraceResult:
     grace_seconds: float
     exit_code: int | None
     checkpoint_step: int | None  # newest checkpoint the attempt wrote at or after the signal
+    steps_after_notice: int  # steps the job still ran after the signal: the notice's latency in steps
     ok: bool
 
 
@@ -161,6 +162,7 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
                 grace_seconds=fault.grace_seconds,
                 exit_code=attempt.exit_code,
                 checkpoint_step=max(ckpts) if ckpts else None,
+                steps_after_notice=sum(1 for s in attempt.steps if s.step > fault.observed_step),
                 ok=ok,
             )
         )

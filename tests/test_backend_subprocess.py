@@ -1,0 +1,96 @@
+"""The subprocess backend with real process groups: who gets the notice, and who survives."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from spotchaos.backends import LaunchSpec, SubprocessBackend
+from spotchaos.errors import BackendError
+
+from .helpers import is_alive, read_pids
+
+PARENT_AND_CHILD = """
+import os, signal, subprocess, sys, time
+out = sys.argv[1]
+def touch(name):
+    open(os.path.join(out, name), "w").close()
+signal.signal(signal.SIGTERM, lambda *a: touch("main-term"))
+child_code = (
+    "import os, signal, sys, time;"
+    "signal.signal(signal.SIGTERM, lambda *a: open(os.path.join(sys.argv[1], 'child-term'), 'w').close());"
+    "open(os.path.join(sys.argv[1], 'child-ready'), 'w').close();"
+    "[time.sleep(0.05) for _ in range(1200)]"
+)
+child = subprocess.Popen([sys.executable, "-c", child_code, out])
+with open(os.path.join(out, "pids"), "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def wait_for(path, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def launch(tmp_path, script, *args):
+    spec = LaunchSpec(
+        argv=(*script, *args),
+        env=dict(os.environ),
+        cwd=tmp_path,
+        stdout_path=tmp_path / "out.log",
+        stderr_path=tmp_path / "err.log",
+    )
+    return SubprocessBackend().start(spec)
+
+
+def test_notice_to_main_only_then_to_the_whole_group(tmp_path, script):
+    handle = launch(tmp_path, script(PARENT_AND_CHILD), str(tmp_path))
+    try:
+        wait_for(tmp_path / "child-ready")
+        wait_for(tmp_path / "pids")
+        handle.notify(15, whole_group=False)
+        wait_for(tmp_path / "main-term")
+        time.sleep(0.3)
+        assert not (tmp_path / "child-term").exists(), "main-only notice reached the child"
+        handle.notify(15, whole_group=True)
+        wait_for(tmp_path / "child-term")
+        assert handle.poll() is None  # both handle SIGTERM and keep running
+    finally:
+        handle.cleanup()
+    assert not any(is_alive(pid) for pid in read_pids(tmp_path / "pids"))
+    assert handle.survivors() == []
+
+
+def test_cleanup_kills_processes_the_main_process_left_behind(tmp_path, script):
+    orphaning = """
+    import subprocess, sys, os
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    open(os.path.join(sys.argv[1], "pids"), "w").write(str(child.pid))
+    """
+    handle = launch(tmp_path, script(orphaning), str(tmp_path))
+    assert handle.wait(30) == 0
+    (child,) = read_pids(tmp_path / "pids")
+    assert handle.survivors() == [child]
+    handle.cleanup()
+    handle.cleanup()  # idempotent
+    assert not is_alive(child)
+
+
+def test_a_command_that_cannot_start_is_one_clear_error(tmp_path):
+    with pytest.raises(BackendError, match="could not start '/nonexistent/train'"):
+        launch(tmp_path, ("/nonexistent/train",))
+
+
+def test_hard_kill_reports_the_signal(tmp_path):
+    handle = launch(tmp_path, (sys.executable, "-c", "import time; time.sleep(60)"))
+    handle.kill()
+    assert handle.wait(10) == -9
+    handle.cleanup()

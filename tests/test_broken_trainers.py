@@ -1,0 +1,58 @@
+"""Each deliberately broken trainer in fixtures/ fails, and the message names its defect."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure
+
+from .helpers import trainer_job
+
+CASES = [
+    pytest.param(
+        trainer_job("broken_no_rng_restore"),
+        "sigterm@5",
+        r"loss diverged at step 7 \(attempt 1, the first step after resuming from step 6\)"
+        r".*also differs at that step: rng.*RNG state not saved or not restored",
+        id="no-rng-restore",
+    ),
+    pytest.param(
+        trainer_job("broken_no_scheduler_restore"),
+        "sigkill@9",
+        r"lr diverged at step 9 \(attempt 1, 2 steps after resuming from step 7\).*LR scheduler",
+        id="no-scheduler-restore",
+    ),
+    pytest.param(
+        trainer_job("broken_epoch_restart"),
+        "sigterm@10",
+        r"diverged at step \d+ \(attempt 1, the first step after resuming from step \d+\)"
+        r".*batch.*position in the epoch not restored",
+        id="epoch-restart",
+    ),
+    pytest.param(
+        trainer_job("broken_ignores_sigterm", "--step-seconds", "0.25", grace_seconds=1.5),
+        "sigterm@3",
+        r"grace window exceeded: the job did not exit within 1.5 s of sigterm after step \d+ \(attempt 0\)",
+        id="ignores-sigterm",
+    ),
+    pytest.param(
+        trainer_job("broken_workers_die_on_sigterm", "--num-workers", "2"),
+        "sigterm-group@5",
+        r"exited with status 1 .* after sigterm-group .*DataLoader workers",
+        id="workers-die-on-group-sigterm",
+    ),
+]
+
+
+@pytest.mark.parametrize(("job", "plan", "message"), CASES)
+def test_broken_trainer_fails_for_its_own_reason(runner, job, plan, message):
+    with pytest.raises(ChaosFailure, match=message) as info:
+        runner.check(job, Plan.parse(plan))
+    assert str(info.value.plan) == plan
+
+
+def test_workers_trainer_passes_when_only_the_main_process_is_notified(runner):
+    """The DataLoader defect needs the group-wide notice to show: that is why both kinds exist."""
+    job = trainer_job("broken_workers_die_on_sigterm", "--num-workers", "2")
+    assert runner.check(job, Plan.parse("sigterm@5")).passed

@@ -1,0 +1,125 @@
+"""Declaring jobs: valid tables load, every bad key is named with its file."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from spotchaos.config import JobSpec, Settings, load_settings
+from spotchaos.errors import ConfigError
+from spotchaos.options import resolve
+from spotchaos.plan import Plan, Preemption
+
+
+def write(tmp_path, text):
+    path = tmp_path / "pyproject.toml"
+    path.write_text(text)
+    return path
+
+
+def test_jobs_load_with_defaults_and_python_alias(tmp_path):
+    path = write(
+        tmp_path,
+        """
+[tool.spotchaos]
+output = "out"
+[tool.spotchaos.jobs.train]
+command = "python train.py --steps 10"
+env = {A = "1"}
+grace_seconds = 5
+""",
+    )
+    settings = load_settings(path)
+    assert settings.output == "out"
+    (job,) = settings.jobs
+    assert job.command == ("python", "train.py", "--steps", "10")
+    assert job.argv(resume=False)[0] == sys.executable
+    assert job.argv(resume=True) == job.argv(resume=False)
+    assert job.environment() == {"A": "1"} and job.grace_seconds == 5
+
+
+def test_missing_file_or_table_means_no_jobs(tmp_path):
+    assert load_settings(tmp_path / "nope.toml").jobs == ()
+    assert load_settings(write(tmp_path, "[tool.other]\nx = 1\n")).jobs == ()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("[tool.spotchaos.jobs.t]\ncomand = 'x'\n", r"\[tool.spotchaos.jobs.t\].comand: unknown key"),
+        ("[tool.spotchaos.jobs.t]\nenv = {}\n", r"\[tool.spotchaos.jobs.t\].command: required"),
+        ("[tool.spotchaos.jobs.t]\ncommand = 3\n", r"\.command: must be a string or a list of strings"),
+        ("[tool.spotchaos.jobs.t]\ncommand = ''\n", r"\.command: must not be empty"),
+        ("[tool.spotchaos.jobs.t]\ncommand = 'x'\ngrace_seconds = -1\n", r"\.grace_seconds: must be a positive"),
+        ("[tool.spotchaos.jobs.t]\ncommand = 'x'\nenv = {A = 1}\n", r"\.env: must be a table of strings"),
+        ("[tool.spotchaos]\nouptut = 'x'\n", r"\[tool.spotchaos\].ouptut: unknown key"),
+        ("[tool.spotchaos\n", "not valid TOML"),
+    ],
+)
+def test_invalid_entries_name_the_key_and_the_file(tmp_path, body, message):
+    path = write(tmp_path, body)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+
+
+def test_job_key_changes_with_what_shapes_the_trajectory():
+    a = JobSpec(name="a", command=("python", "t.py"))
+    assert a.key() == JobSpec(name="b", command=("python", "t.py"), grace_seconds=3).key()
+    assert a.key() != JobSpec(name="a", command=("python", "t.py", "--seed", "2")).key()
+    assert a.key() != JobSpec(name="a", command=("python", "t.py"), env=(("X", "1"),)).key()
+
+
+def test_python_declared_job_errors_name_the_job():
+    with pytest.raises(ConfigError, match=r"JobSpec\(name='j'\).event_timeout"):
+        JobSpec(name="j", command=("x",), event_timeout=0)
+
+
+def test_describe_hides_environment_values():
+    job = JobSpec(name="a", command=("x",), env=(("AWS_SECRET_ACCESS_KEY", "hunter2"),))
+    assert "hunter2" not in repr(job.describe())
+
+
+def test_plan_parse_and_errors():
+    plan = Plan.parse("sigterm@5, sigkill@12")
+    assert plan.preemptions == (Preemption(5, "sigterm"), Preemption(12, "sigkill"))
+    assert str(plan) == "sigterm@5,sigkill@12" and Plan.parse(str(plan)) == plan
+    with pytest.raises(ConfigError, match="unknown preemption 'sigint'"):
+        Plan.parse("sigint@3")
+    with pytest.raises(ConfigError, match="must look like FAULT@STEP"):
+        Plan.parse("sigterm")
+
+
+def _resolve(**overrides):
+    args = dict(
+        seed=None,
+        last_seed=None,
+        profile=None,
+        examples=None,
+        output=None,
+        plan=None,
+        jobs=None,
+        keep_runs=False,
+        environ={},
+        settings=Settings(),
+    )
+    args.update(overrides)
+    return resolve(**args)
+
+
+def test_options_precedence_and_errors():
+    assert _resolve(seed="7").seed == 7
+    assert _resolve(seed="last", last_seed=99).seed == 99
+    assert _resolve(environ={"SPOTCHAOS_SEED": "3"}).seed == 3
+    assert _resolve(environ={"CI": "true"}).profile == "quick"
+    assert _resolve().profile == "standard"
+    assert _resolve(examples=9).max_examples == 9
+    with pytest.raises(ConfigError, match="--spotchaos-seed=last: no previous"):
+        _resolve(seed="last")
+    with pytest.raises(ConfigError, match="--spotchaos-seed: expected an integer"):
+        _resolve(seed="abc")
+    with pytest.raises(ConfigError, match="--spotchaos-profile"):
+        _resolve(profile="huge")
+    with pytest.raises(ConfigError, match="--spotchaos-job: no job named 'x'"):
+        _resolve(jobs=["x"])

@@ -1,0 +1,146 @@
+"""The verdict is pure: synthetic trajectories in, named failures out."""
+
+from __future__ import annotations
+
+from spotchaos.trajectory import Attempt, FaultRecord, RunRecord
+from spotchaos.verdict import judge
+
+
+def step(i, loss=None, **fp):
+    return {"event": "step", "step": i, "loss": (loss if loss is not None else 1.0 + i).hex(), "fp": fp}
+
+
+def ckpt(i):
+    return {"event": "checkpoint", "step": i, "seconds": 0.01, "bytes": 10, "uri": f"file:///c{i}"}
+
+
+def final(**digests):
+    return {"event": "final", "step": 9, "digests": digests or {"w": "a", "b": "b"}}
+
+
+def attempt(index, events, *, code=0, fault=None):
+    return Attempt(index=index, exit_code=code, wall_seconds=1, start_seconds=0.5, events=events, fault=fault)
+
+
+def record(*attempts):
+    return RunRecord(job="j", plan="p", attempts=list(attempts), wall_seconds=1, workdir="/tmp/x")
+
+
+def notice(step, *, exceeded=False, kind="sigterm"):
+    return FaultRecord(kind, step, step, 1.0, exit_seconds=0.2, grace_seconds=5, grace_exceeded=exceeded)
+
+
+REFERENCE = record(attempt(0, [*(step(i, lr=0.1 * i) for i in range(10)), final()]))
+
+
+def resumed(from_step, steps=None, final_event=None):
+    """Attempt 0 preempted (SIGTERM) after ``from_step``; attempt 1 resumes after it.
+
+    ``steps`` maps a step of attempt 1 to the keyword arguments of :func:`step` it gets instead.
+    """
+    steps = steps or {}
+    first = [*(step(i, lr=0.1 * i) for i in range(from_step + 1)), ckpt(from_step)]
+    second = [{"event": "resume", "from_step": from_step, "uri": "u"}]
+    second += [step(i, **steps.get(i, {"lr": 0.1 * i})) for i in range(from_step + 1, 10)]
+    second.append(final_event or final())
+    return record(attempt(0, first, fault=notice(from_step)), attempt(1, second))
+
+
+def test_identical_resume_passes_with_no_lost_work():
+    verdict = judge(REFERENCE, resumed(4))
+    assert verdict.passed, verdict.failures
+    assert verdict.lost_steps == 0 and verdict.grace[0].ok
+    assert verdict.message() == "bit-exact"
+
+
+def test_first_divergence_names_step_values_and_the_fingerprint():
+    chaos = resumed(4, {5: {"lr": 0.55, "loss": 7.0}})
+    verdict = judge(REFERENCE, chaos)
+    assert not verdict.passed
+    d = verdict.first_divergence
+    assert (d.step, d.attempt, d.field, d.resumed_from) == (5, 1, "loss", 4)
+    assert d.also_differs == ["lr"]
+    text = verdict.message()
+    assert "loss diverged at step 5 (attempt 1, the first step after resuming from step 4)" in text
+    assert f"reference {(6.0).hex()} (6.0), got {(7.0).hex()} (7.0)" in text
+    assert "learning rate differs" in text
+
+
+def test_fingerprint_alone_can_be_the_first_divergence():
+    verdict = judge(REFERENCE, resumed(4, {7: {"lr": 9.0}}))
+    assert verdict.first_divergence.field == "lr" and verdict.first_divergence.step == 7
+    assert "3 steps after resuming from step 4" in verdict.message()
+
+
+def test_replayed_steps_must_match_too():
+    chaos = resumed(4)
+    chaos.attempts[1].events.insert(1, step(4, loss=123.0, lr=0.4))  # a replay of step 4 that differs
+    verdict = judge(REFERENCE, chaos)
+    assert verdict.first_divergence.step == 4 and verdict.lost_steps == 1
+
+
+def test_missing_steps_and_unexpected_steps_are_listed():
+    chaos = resumed(4)
+    del chaos.attempts[1].events[2:4]  # steps 6 and 7 never ran
+    chaos.attempts[1].events.insert(-1, step(12))
+    verdict = judge(REFERENCE, chaos)
+    assert "2 step(s) never ran after the preemptions: 6-7" in verdict.message()
+    assert "steps the reference never ran: 12" in verdict.message()
+
+
+def test_final_weights_name_the_differing_tensors():
+    verdict = judge(REFERENCE, resumed(4, final_event=final(w="a", b="CHANGED")))
+    assert verdict.differing_tensors == ["b"]
+    assert "final weights differ in 1 of 2 tensor(s): b" in verdict.message()
+
+
+def test_missing_final_event_fails():
+    chaos = resumed(4)
+    chaos.attempts[1].events.pop()
+    assert "never reported a 'final' event" in judge(REFERENCE, chaos).message()
+
+
+def test_grace_window_exceeded_is_named():
+    chaos = resumed(4)
+    chaos.attempts[0].fault = notice(4, exceeded=True)
+    chaos.attempts[0].exit_code = -9
+    text = judge(REFERENCE, chaos).message()
+    assert "did not exit within 5 s of sigterm after step 4" in text
+    assert "does the trainer handle SIGTERM" in text
+
+
+def test_crash_after_group_sigterm_points_at_dataloader_workers():
+    chaos = resumed(4)
+    chaos.attempts[0].fault = notice(4, kind="sigterm-group")
+    chaos.attempts[0].exit_code = 1
+    text = judge(REFERENCE, chaos).message()
+    assert "exited with status 1" in text and "DataLoader workers" in text
+
+
+def test_exit_without_checkpoint_after_notice_fails():
+    chaos = resumed(4)
+    chaos.attempts[0].events.pop()  # no checkpoint event
+    assert "no checkpoint at or after step 4" in judge(REFERENCE, chaos).message()
+
+
+def test_restart_that_ignores_the_durable_checkpoint_is_lost_work():
+    chaos = resumed(4)
+    second = chaos.attempts[1]
+    second.events = [step(i, lr=0.1 * i) for i in range(10)] + [final()]  # started over
+    verdict = judge(REFERENCE, chaos)
+    assert "resumed after step -1 although a checkpoint after step 4 was durable" in verdict.message()
+    assert verdict.lost_steps == 5
+
+
+def test_rollback_excuses_resuming_from_an_older_checkpoint():
+    first = [*(step(i, lr=0.1 * i) for i in range(6)), ckpt(2), ckpt(5)]
+    second = [
+        {"event": "rollback", "skipped_uri": "file:///c5", "reason": "sha256"},
+        {"event": "resume", "from_step": 2, "uri": "file:///c2"},
+        *(step(i, lr=0.1 * i) for i in range(3, 10)),
+        final(),
+    ]
+    chaos = record(attempt(0, first, fault=notice(5)), attempt(1, second))
+    verdict = judge(REFERENCE, chaos)
+    assert verdict.passed, verdict.failures
+    assert verdict.lost_steps == 3
