@@ -1,0 +1,160 @@
+"""The pytest plugin itself, driven through pytester in real pytest subprocesses."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from .helpers import FIXTURES
+
+pytest_plugins = ["pytester"]
+
+SCENARIO = """
+from spotchaos.strategies import preemption_plans
+
+def test_resume(spotchaos, spotchaos_job):
+    spotchaos.explore(spotchaos_job, lambda steps: preemption_plans(steps, max_preemptions=1))
+"""
+
+
+def pyproject(trainer: str = "reference_trainer", extra: str = "", name: str = "ref") -> str:
+    command = ["python", str(FIXTURES / f"{trainer}.py"), "--steps", "12", "--checkpoint-every", "3"]
+    return f"""
+[tool.spotchaos]
+output = "out"
+[tool.spotchaos.jobs.{name}]
+command = {json.dumps(command)}
+grace_seconds = 10
+{extra}
+"""
+
+
+def report(pytester) -> dict:
+    return json.loads((pytester.path / "out" / "report.json").read_text())
+
+
+def test_without_the_flag_scenarios_are_skipped_with_a_reason(pytester):
+    pytester.makefile(".toml", pyproject=pyproject())
+    pytester.makepyfile(
+        test_s=SCENARIO
+        + """
+import pytest
+
+@pytest.mark.spotchaos
+def test_marked():
+    raise AssertionError("must not run")
+
+def test_plain():
+    pass
+"""
+    )
+    result = pytester.runpytest_subprocess("-rs")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["*chaos scenario: run with --spotchaos*"])
+    assert not (pytester.path / "out").exists()
+
+
+def test_main_job_passes_on_the_reference_and_writes_the_report(pytester):
+    pytester.makefile(".toml", pyproject=pyproject())
+    pytester.makepyfile(test_s=SCENARIO)
+    result = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-seed=42", "--spotchaos-examples=2")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "spotchaos: seed 42 (replay with --spotchaos-seed=42)*jobs: ref*",
+            "bit-exact test_s.py::test_resume[[]ref[]]  plans=2*",
+            "report: *out/report.json",
+        ]
+    )
+    doc = report(pytester)
+    assert doc["schema_version"] == 1 and doc["seed"] == 42
+    assert doc["environment"]["torch"] and doc["environment"]["python"]
+    assert doc["summary"] == {"scenarios": 1, "passed": 1, "failed": 0}
+    (scenario,) = doc["scenarios"]
+    assert scenario["job"] == "ref" and scenario["plans_tried"] == 2 and scenario["outcome"] == "passed"
+    assert len(scenario["runs"]) == 2 and all(r["passed"] for r in scenario["runs"])
+    assert scenario["reference"]["steps"] == 12
+    assert scenario["verdict"]["first_divergence"] is None
+    assert "--spotchaos-seed=42" in scenario["replay"]
+
+
+def test_broken_trainer_fails_shrinks_and_prints_a_replay_command(pytester):
+    pytester.makefile(".toml", pyproject=pyproject("broken_no_rng_restore"))
+    pytester.makepyfile(test_s=SCENARIO)
+    result = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-seed=7", "--spotchaos-examples=3")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "loss diverged at step" in out and "RNG state not saved or not restored" in out
+    replay = re.search(r"replay: (pytest --spotchaos --spotchaos-seed=7 --spotchaos-plan='(\S+)' \S+)", out)
+    assert replay, out
+    doc = report(pytester)
+    (scenario,) = doc["scenarios"]
+    assert not scenario["passed"] and scenario["failing_plan"] == replay.group(2)
+    assert scenario["verdict"]["first_divergence"]["field"] == "loss"
+    assert doc["summary"]["failed"] == 1
+
+    # The replay command, run alone, gives the same verdict at the same step.
+    again = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-seed=7", f"--spotchaos-plan={replay.group(2)}")
+    again.assert_outcomes(failed=1)
+    (replayed,) = report(pytester)["scenarios"]
+    assert replayed["verdict"]["first_divergence"]["step"] == scenario["verdict"]["first_divergence"]["step"]
+
+
+def test_invalid_config_is_a_usage_error_naming_key_and_file(pytester):
+    pytester.makefile(".toml", pyproject=pyproject(extra="grace_secs = 3"))
+    pytester.makepyfile(test_s=SCENARIO)
+    result = pytester.runpytest_subprocess("--spotchaos")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*spotchaos: *pyproject.toml [[]tool.spotchaos.jobs.ref[]].grace_secs: unknown key*"])
+
+
+def test_no_declared_job_says_how_to_declare_one(pytester):
+    pytester.makepyfile(test_s=SCENARIO)
+    result = pytester.runpytest_subprocess("--spotchaos")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*spotchaos: no job to test. Declare one in pyproject.toml*"])
+
+
+def test_bad_option_values_are_usage_errors(pytester):
+    pytester.makefile(".toml", pyproject=pyproject())
+    pytester.makepyfile(test_s=SCENARIO)
+    for args, message in [
+        (["--spotchaos-plan=sigint@3"], "*unknown preemption 'sigint'*"),
+        (["--spotchaos-job=nope"], "*--spotchaos-job: no job named 'nope' (declared: ref)*"),
+        (["--spotchaos-seed=x"], "*--spotchaos-seed: expected an integer or 'last'*"),
+    ]:
+        result = pytester.runpytest_subprocess("--spotchaos", *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([message])
+
+
+def test_jobs_declared_in_python_and_the_report_hook(pytester):
+    pytester.makeconftest(
+        f"""
+from spotchaos.config import JobSpec
+
+def pytest_spotchaos_jobs(config):
+    return [JobSpec(name="py-job", command=("python", {str(FIXTURES / "reference_trainer.py")!r}, "--steps", "10"))]
+
+def pytest_spotchaos_report(config, report):
+    report["team"] = "ml-infra"
+"""
+    )
+    pytester.makepyfile(test_s=SCENARIO)
+    result = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-plan=sigkill@5", "--spotchaos-output=out")
+    result.assert_outcomes(passed=1)
+    doc = report(pytester)
+    assert doc["team"] == "ml-infra"
+    assert [j["name"] for j in doc["jobs"]] == ["py-job"]
+    assert doc["scenarios"][0]["runs"][0]["plan"] == "sigkill@5"
+
+
+def test_seed_last_replays_the_previous_session(pytester):
+    pytester.makefile(".toml", pyproject=pyproject())
+    pytester.makepyfile(test_s="def test_nothing():\n    pass\n")
+    first = pytester.runpytest_subprocess("--spotchaos")
+    seed = re.search(r"spotchaos: seed (\d+)", first.stdout.str()).group(1)
+    second = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-seed=last")
+    second.stdout.fnmatch_lines([f"spotchaos: seed {seed} *"])
