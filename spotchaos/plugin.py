@@ -98,11 +98,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "spotchaos: a chaos scenario; skipped unless --spotchaos is given")
     if not config.getoption("spotchaos"):
         return
+    cache = getattr(config, "cache", None)  # absent with -p no:cacheprovider
     try:
         settings = _declared_jobs(config)
         options = resolve(
             seed=config.getoption("spotchaos_seed"),
-            last_seed=config.cache.get(CACHE_SEED, None) if config.cache else None,
+            last_seed=cache.get(CACHE_SEED, None) if cache is not None else None,
             profile=config.getoption("spotchaos_profile"),
             examples=config.getoption("spotchaos_examples"),
             output=config.getoption("spotchaos_output"),
@@ -114,8 +115,8 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except ConfigError as exc:
         raise pytest.UsageError(f"spotchaos: {exc}") from None
-    if config.cache is not None:
-        config.cache.set(CACHE_SEED, options.seed)
+    if cache is not None:
+        cache.set(CACHE_SEED, options.seed)
     runner = ChaosRunner(config.rootpath, keep_passing=options.keep_runs)
     state = _State(settings, options, runner, now_iso())
     config.stash[STATE] = state

@@ -166,7 +166,10 @@ class ChaosRunner:
         return tried
 
     def close(self) -> None:
-        """Remove the session's working directory unless a failure left something to inspect."""
+        """Remove what passed; keep the session's directory only if a failure left something in it."""
+        if not self.keep_passing:
+            for reference in self._references.values():
+                shutil.rmtree(reference.workdir, ignore_errors=True)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -158,3 +158,47 @@ def test_seed_last_replays_the_previous_session(pytester):
     seed = re.search(r"spotchaos: seed (\d+)", first.stdout.str()).group(1)
     second = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-seed=last")
     second.stdout.fnmatch_lines([f"spotchaos: seed {seed} *"])
+
+
+def test_ctrl_c_in_the_middle_of_a_scenario_leaves_no_process(pytester):
+    """SIGINT to pytest while a job runs: pytest stops, and the job's process group is gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .helpers import is_alive
+
+    pidfile = pytester.path / "job.pid"
+    job = pytester.makepyfile(
+        job=f"""
+import os, subprocess, sys, time
+from spotchaos.probe import Probe
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open({str(pidfile)!r}, "w").write(f"{{os.getpid()}} {{helper.pid}}")
+probe = Probe.from_env()
+probe.start()
+for step in range(100000):
+    probe.step(step, 1.0)
+    time.sleep(0.05)
+"""
+    )
+    pytester.makefile(".toml", pyproject=f'[tool.spotchaos.jobs.slow]\ncommand = ["python", {json.dumps(str(job))}]\n')
+    pytester.makepyfile(test_s=SCENARIO)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--spotchaos", "-p", "no:cacheprovider"],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        assert time.monotonic() < deadline and process.poll() is None, process.stdout.read().decode()
+        time.sleep(0.05)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    os.kill(process.pid, signal.SIGINT)
+    out = process.communicate(timeout=60)[0].decode()
+    assert process.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "KeyboardInterrupt" in out
+    assert not any(is_alive(pid) for pid in pids), f"job processes {pids} survived Ctrl-C"
