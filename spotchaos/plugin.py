@@ -117,7 +117,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"spotchaos: {exc}") from None
     if cache is not None:
         cache.set(CACHE_SEED, options.seed)
-    runner = ChaosRunner(config.rootpath, keep_passing=options.keep_runs)
+    # Runs live beside the report, so a failure's logs and checkpoints are easy to find.
+    stamp = f"{now_iso().replace(':', '')}-{os.getpid()}"
+    runs = config.rootpath / options.output / "runs" / stamp
+    runner = ChaosRunner(config.rootpath, workdir=runs, keep_passing=options.keep_runs)
     state = _State(settings, options, runner, now_iso())
     config.stash[STATE] = state
     config.pluginmanager.register(_Collector(config, state), "spotchaos-collector")
@@ -127,6 +130,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is not None:
         state.runner.close()
+        runs = state.runner.workdir.parent
+        if runs.is_dir() and not any(runs.iterdir()):
+            runs.rmdir()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

@@ -68,6 +68,7 @@ class ChaosRunner:
     def __init__(self, root: Path, *, workdir: Path | None = None, keep_passing: bool = False) -> None:
         self.root = root
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.keep_passing = keep_passing
         self._references: dict[str, RunRecord] = {}
         self._lock = threading.Lock()
@@ -171,7 +172,7 @@ class ChaosRunner:
             for reference in self._references.values():
                 shutil.rmtree(reference.workdir, ignore_errors=True)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir.rmdir()
 
 
 def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord) -> None:

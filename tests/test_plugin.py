@@ -78,6 +78,7 @@ def test_main_job_passes_on_the_reference_and_writes_the_report(pytester):
     assert scenario["reference"]["steps"] == 12
     assert scenario["verdict"]["first_divergence"] is None
     assert "--spotchaos-seed=42" in scenario["replay"]
+    assert not (pytester.path / "out" / "runs").exists()  # passing runs leave nothing behind
 
 
 def test_broken_trainer_fails_shrinks_and_prints_a_replay_command(pytester):
@@ -89,6 +90,9 @@ def test_broken_trainer_fails_shrinks_and_prints_a_replay_command(pytester):
     assert "loss diverged at step" in out and "RNG state not saved or not restored" in out
     replay = re.search(r"replay: (pytest --spotchaos --spotchaos-seed=7 --spotchaos-plan='(\S+)' \S+)", out)
     assert replay, out
+    kept = re.search(r"logs and checkpoints kept in (\S+)\)", out).group(1)
+    assert kept.startswith(str(pytester.path / "out" / "runs"))
+    assert (pytester.path / kept / "attempt-1" / "stderr.log").is_file()
     doc = report(pytester)
     (scenario,) = doc["scenarios"]
     assert not scenario["passed"] and scenario["failing_plan"] == replay.group(2)
