@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cost import MAX_PRICE, PRICE_KEYS, CostInputs
 from .errors import ConfigError
+from .presets import GRACE_WINDOWS, MTBF_PRESETS
 
 PYTHON_ALIASES = ("python", "python3")
 
@@ -35,19 +37,36 @@ class JobSpec:
     resume_command: tuple[str, ...] | None = None
     env: tuple[tuple[str, str], ...] = ()
     cwd: str | None = None
-    grace_seconds: float = 30.0
+    grace_seconds: float | None = None  # None: the provider's window, else 30 s
     start_timeout: float = 120.0
     event_timeout: float = 60.0
     attempt_timeout: float = 1800.0
+    provider: str | None = None  # aws, gcp, azure, alibaba-pai-eas, kubernetes
+    overhead_budget: float = 0.05  # checkpoint time / training time
+    mtbf_seconds: float | None = None  # mean time between preemptions, for the interval advisor
+    cost: CostInputs = field(default_factory=CostInputs)
     source: str = "python"
 
     def __post_init__(self) -> None:
         if not self.command:
             raise ConfigError(f"{self.where('command')}: must not be empty")
+        if self.provider is not None and self.provider not in GRACE_WINDOWS:
+            known = ", ".join(GRACE_WINDOWS)
+            raise ConfigError(f"{self.where('provider')}: unknown provider {self.provider!r} (known: {known})")
+        if self.grace_seconds is None:
+            object.__setattr__(self, "grace_seconds", GRACE_WINDOWS.get(self.provider or "", 30.0))
         for key in ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout"):
-            value = getattr(self, key)
-            if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < 1e6:
-                raise ConfigError(f"{self.where(key)}: must be a positive number of seconds, got {value!r}")
+            _check_number(getattr(self, key), self.where(key), "a number of seconds", 0, 1e6)
+        _check_number(self.overhead_budget, self.where("overhead_budget"), "a fraction such as 0.05", 0, 0.9)
+        if self.mtbf_seconds is not None:
+            _check_number(self.mtbf_seconds, self.where("mtbf_seconds"), "seconds (at least 60)", 59.999, 1e9)
+        for key in PRICE_KEYS:
+            value = getattr(self.cost, key)
+            if value is not None:
+                _check_number(value, self.where(f"cost.{key}"), "a price", -1e-12, MAX_PRICE)
+        steps = self.cost.production_steps
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+            raise ConfigError(f"{self.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
 
     def where(self, key: str) -> str:
         if self.source == "python":
@@ -70,7 +89,7 @@ class JobSpec:
         return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(self)  # cost (prices) included: they are the user's figures, not secrets
         data["env"] = sorted(k for k, _ in self.env)  # names only: values may be secrets
         return data
 
@@ -83,16 +102,34 @@ class Settings:
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
 
 
-_JOB_KEYS = {
-    "command",
-    "resume_command",
-    "env",
-    "cwd",
-    "grace_seconds",
-    "start_timeout",
-    "event_timeout",
-    "attempt_timeout",
-}
+_NUMBER_KEYS = ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout", "overhead_budget")
+_JOB_KEYS = {"command", "resume_command", "env", "cwd", "provider", "mtbf", "cost", *_NUMBER_KEYS}
+
+
+def _check_number(value: Any, where: str, what: str, low: float, high: float) -> None:
+    """``low < value <= high``; booleans are not numbers here."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not low < value <= high:
+        raise ConfigError(f"{where}: must be {what} in ({low:g}, {high:g}], got {value!r}")
+
+
+def _mtbf(value: Any, where: str) -> float:
+    if isinstance(value, str):
+        if value not in MTBF_PRESETS:
+            raise ConfigError(f"{where}: unknown preset {value!r} (known: {', '.join(MTBF_PRESETS)}, or seconds)")
+        return MTBF_PRESETS[value]
+    return value
+
+
+def _cost(table: Any, where: str) -> CostInputs:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: must be a table")
+    known = {*PRICE_KEYS, "production_steps"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    return CostInputs(**table)
+
+
 _TOP_KEYS = {"output", "jobs"}
 
 
@@ -127,10 +164,13 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
     cwd = table.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ConfigError(f"{where('cwd')}: must be a string")
-    kwargs: dict[str, Any] = {}
-    for key in ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout"):
-        if key in table:
-            kwargs[key] = table[key]
+    kwargs: dict[str, Any] = {key: table[key] for key in _NUMBER_KEYS if key in table}
+    if "provider" in table:
+        kwargs["provider"] = table["provider"]
+    if "mtbf" in table:
+        kwargs["mtbf_seconds"] = _mtbf(table["mtbf"], where("mtbf"))
+    if "cost" in table:
+        kwargs["cost"] = _cost(table["cost"], where("cost"))
     resume = table.get("resume_command")
     return JobSpec(
         name=name,

@@ -58,6 +58,7 @@ class _AttemptWatch:
         self.reader = reader
         self.preemption = preemption
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self.first_event_at: float | None = None
         self.last_event_at = self.started
         self.last_step: int | None = None
@@ -103,6 +104,7 @@ class _AttemptWatch:
             planned_step=p.at_step,
             observed_step=self.last_step,
             delivered_at=now - self.started,
+            delivered_wall=time.time(),
             grace_seconds=self.job.grace_seconds if fault.graceful else None,
         )
 
@@ -210,6 +212,7 @@ def _run_attempt(
         exit_code=watch.exit_code,
         wall_seconds=time.monotonic() - watch.started,
         start_seconds=(watch.first_event_at - watch.started) if watch.first_event_at else None,
+        started_wall=watch.started_wall,
         events=reader.events,
         fault=watch.fault,
         orphans=orphans,

@@ -20,7 +20,7 @@ from .errors import ConfigError, SpotchaosError
 from .options import PROFILES, RunOptions, resolve
 from .plan import Plan
 from .report import build_report, now_iso, write_json
-from .runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
+from .runner import BudgetFailure, ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
 
 SKIP_REASON = "chaos scenario: run with --spotchaos (it starts real training jobs)"
 CACHE_SEED = "spotchaos/seed"
@@ -211,6 +211,35 @@ class Scenario:
         settings = ExploreSettings(max_examples=self._state.options.max_examples, seed=self._seed)
         self._guard(record, lambda: self.runner.explore(job, plans, settings=settings, record=record))
 
+    def check_overhead(self, job: JobSpec, benchmark: Any = None) -> None:
+        """Fail when checkpointing costs more than ``job.overhead_budget`` of training time.
+
+        Pass pytest-benchmark's ``benchmark`` fixture to time the measured run with it and put
+        the figures in ``--benchmark-json`` (``extra_info``), for comparison across commits.
+        """
+        record = self._record(job)
+        measure = None
+        if benchmark is not None:
+
+            def measure(fn):
+                return benchmark.pedantic(fn, rounds=1, iterations=1)
+
+        def action() -> None:
+            figures = self.runner.check_overhead(job, record, measure)
+            if benchmark is not None:
+                benchmark.extra_info.update(_benchmark_info(figures))
+
+        try:
+            self._guard(record, action)
+        finally:
+            if benchmark is not None and record.figures:
+                benchmark.extra_info.update(_benchmark_info(record.figures))
+
+    def check_notice_flush(self, job: JobSpec) -> None:
+        """Fail when SIGTERM-to-durable-checkpoint takes more than half the grace window."""
+        record = self._record(job)
+        self._guard(record, lambda: self.runner.check_notice_flush(job, record))
+
     def _guard(self, record: ScenarioRecord, action) -> None:
         try:
             action()
@@ -218,10 +247,26 @@ class Scenario:
             record.passed = False
             record.failing_plan = str(failure.plan)
             raise
+        except BudgetFailure:
+            record.passed = False
+            raise
         except SpotchaosError as exc:
             record.passed = False
             record.error = str(exc)
             raise
+
+
+def _benchmark_info(figures: dict[str, Any]) -> dict[str, Any]:
+    overhead = figures.get("overhead", {})
+    advice = figures.get("advice", {})
+    return {
+        "checkpoint_overhead_fraction": overhead.get("fraction"),
+        "overhead_budget": overhead.get("budget"),
+        "checkpoint_seconds": overhead.get("checkpoint_seconds"),
+        "step_seconds": overhead.get("step_seconds"),
+        "daly_interval_seconds": advice.get("daly_interval"),
+        "configured_interval_seconds": advice.get("configured_interval"),
+    }
 
 
 @pytest.fixture
@@ -260,7 +305,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         data["replay"] = _replay_command(item, state, record.failing_plan)
         records.append(data)
     report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
-    if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError | ChaosFailure):
+    if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError | ChaosFailure | BudgetFailure):
         notes = getattr(call.excinfo.value, "__notes__", [])
         replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
         report.longrepr = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
@@ -301,7 +346,42 @@ class _Collector:
             detail = f"failing plan {s['failing_plan']}" if s.get("failing_plan") else ""
             lost = sum(r["lost_steps"] for r in s["runs"])
             tr.write_line(f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}".rstrip())
+            for line in _figure_lines(s.get("figures") or {}):
+                tr.write_line(f"          {line}")
         if self.path is not None:
             tr.write_line(f"report: {self.path}")
         seed = self.state.options.seed
         tr.write_line(f"seed: {seed} (replay with --spotchaos-seed={seed})")
+
+
+def _figure_lines(figures: dict[str, Any]) -> list[str]:
+    lines = []
+    overhead = figures.get("overhead")
+    if overhead:
+        if overhead["fraction"] is None:
+            lines.append(f"overhead unknown: {overhead['unknown_reason']}")
+        else:
+            lines.append(
+                f"overhead {overhead['fraction']:.2%} of training time (budget {overhead['budget']:.2%}); "
+                f"checkpoint {overhead['checkpoint_seconds']:.3g} s every {overhead['interval_steps']:g} steps"
+            )
+    if "advice" in figures:
+        lines.append(f"advice: {figures['advice']['message']}")
+    cost = figures.get("cost")
+    if cost:
+        lines.append(f"cost to finish: spot {_side(cost['spot'])} vs on demand {_side(cost['on_demand'])}")
+    for flush in figures.get("notice_flush", []):
+        shown = "none" if flush["flush_seconds"] is None else f"{flush['flush_seconds']:.3g} s"
+        lines.append(f"notice flush ({flush['fault']}): {shown} of a {flush['window']:g} s window")
+    return lines
+
+
+def _side(side: dict[str, Any]) -> str:
+    """A cost never shows as zero when a part of it is unknown."""
+    hours = f"{side['wall_hours']:.3g} h"
+    if not side["unknown"]:
+        return f"{side['total_known']:.4g} in {hours}"
+    missing = ", ".join(side["unknown"])
+    if side["total_known"] == 0:
+        return f"unknown ({missing} not given) in {hours}"
+    return f"at least {side['total_known']:.4g} ({missing} unknown) in {hours}"

@@ -21,10 +21,14 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from .advisor import advise
 from .config import JobSpec
+from .cost import estimate
 from .engine import EngineOptions, run_job
 from .errors import SpotchaosError
-from .plan import Plan
+from .overhead import measure_overhead, notice_flushes
+from .plan import Plan, Preemption
+from .presets import MTBF_PRESETS
 from .strategies import preemption_plans
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
@@ -42,6 +46,10 @@ class ChaosFailure(AssertionError):
         )
 
 
+class BudgetFailure(AssertionError):
+    """A time budget (checkpoint overhead, notice flush) was exceeded, or could not be measured."""
+
+
 @dataclass
 class ScenarioRecord:
     """What the report says of one scenario (one test, one job)."""
@@ -56,6 +64,7 @@ class ScenarioRecord:
     error: str | None = None
     runs: list[dict[str, Any]] = field(default_factory=list)
     reference: dict[str, Any] | None = None
+    figures: dict[str, Any] = field(default_factory=dict)  # overhead, advice, cost, notice flush
 
 
 @dataclass
@@ -71,6 +80,7 @@ class ChaosRunner:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.keep_passing = keep_passing
         self._references: dict[str, RunRecord] = {}
+        self._timing_runs: dict[str, RunRecord] = {}
         self._lock = threading.Lock()
         self._counter = 0
 
@@ -165,6 +175,87 @@ class ChaosRunner:
         if aborted:
             raise aborted[0]
         return tried
+
+    def fresh_run(self, job: JobSpec) -> RunRecord:
+        """One more uninterrupted run (the overhead scenario measures on it)."""
+        record = run_job(job, Plan(), self._next_dir(f"{job.name}-measure"), self._options())
+        if not self.keep_passing:
+            shutil.rmtree(record.workdir, ignore_errors=True)
+        return record
+
+    def timing_run(self, job: JobSpec) -> RunRecord:
+        """A run with one SIGTERM half-way, cached per job: notice flush and restart latency.
+
+        It must itself pass every verdict; figures from a run that did not resume are meaningless.
+        """
+        key = job.key()
+        if key not in self._timing_runs:
+            middle = max(0, len(self.reference(job).steps) // 2 - 1)
+            plan = Plan((Preemption(middle, "sigterm"),))
+            record, verdict = self.run(job, plan)
+            if not verdict.passed:
+                raise ChaosFailure(job.name, plan, verdict, record.workdir)
+            self._timing_runs[key] = record
+        return self._timing_runs[key]
+
+    def check_overhead(
+        self,
+        job: JobSpec,
+        record: ScenarioRecord | None = None,
+        measure: Callable[[Callable[[], RunRecord]], RunRecord] | None = None,
+    ) -> dict[str, Any]:
+        """Checkpoint overhead against ``job.overhead_budget``, plus interval advice and cost.
+
+        ``measure`` wraps the measured run (the plugin passes pytest-benchmark's timer).
+        """
+        run = (measure or (lambda fn: fn()))(lambda: self.fresh_run(job))
+        overhead = measure_overhead(run.attempts[0], job.overhead_budget)
+        figures: dict[str, Any] = {"overhead": overhead.to_dict()}
+        if overhead.fraction is not None:
+            restarted = self.timing_run(job).attempts[-1]
+            restart = restarted.ready_seconds or 0.0
+            mtbf = job.mtbf_seconds or MTBF_PRESETS["typical"]
+            interval = (overhead.interval_steps or 1) * (overhead.step_seconds or 0.0)
+            advice = advise(
+                checkpoint_seconds=overhead.checkpoint_seconds or 0.0,
+                restart_seconds=restart,
+                mtbf_seconds=mtbf,
+                configured_interval=interval,
+            )
+            cost = estimate(
+                inputs=job.cost,
+                step_seconds=overhead.step_seconds or 0.0,
+                steps_run=len(run.steps),
+                checkpoint_seconds=overhead.checkpoint_seconds or 0.0,
+                interval_seconds=interval,
+                restart_seconds=restart,
+                mtbf_seconds=mtbf,
+                checkpoint_bytes=overhead.checkpoint_bytes or 0,
+            )
+            figures["advice"] = advice.to_dict()
+            figures["advice"]["mtbf_source"] = "job" if job.mtbf_seconds else "preset 'typical' (assumed)"
+            figures["cost"] = cost.to_dict()
+        if record is not None:
+            record.figures.update(figures)
+            record.plans_tried = 1
+        if not overhead.passed:
+            if record is not None:
+                record.passed = False
+            raise BudgetFailure(f"job {job.name!r}: {overhead.message()}")
+        return figures
+
+    def check_notice_flush(self, job: JobSpec, record: ScenarioRecord | None = None) -> None:
+        """SIGTERM to durable checkpoint must take at most half the grace window."""
+        flushes = notice_flushes(self.timing_run(job))
+        if record is not None:
+            record.figures["notice_flush"] = [f.to_dict() for f in flushes]
+            record.plans_tried = 1
+        failed = [f for f in flushes if not f.passed]
+        if failed or not flushes:
+            if record is not None:
+                record.passed = False
+            detail = "; ".join(f.message() for f in failed) or "no notice was delivered"
+            raise BudgetFailure(f"job {job.name!r}: {detail}")
 
     def close(self) -> None:
         """Remove what passed; keep the session's directory only if a failure left something in it."""

@@ -20,6 +20,7 @@ class FaultRecord:
     planned_step: int
     observed_step: int  # last step the attempt had reported when the fault was delivered
     delivered_at: float  # seconds since the attempt started
+    delivered_wall: float  # Unix time of delivery, comparable with the events' "t"
     exit_seconds: float | None = None  # from delivery until the main process exited
     grace_seconds: float | None = None
     grace_exceeded: bool = False
@@ -40,6 +41,7 @@ class Attempt:
     exit_code: int | None
     wall_seconds: float
     start_seconds: float | None  # until the first event: cold start, imports, restore
+    started_wall: float = 0.0  # Unix time of the launch, comparable with the events' "t"
     events: list[Event] = field(default_factory=list)
     fault: FaultRecord | None = None
     orphans: list[int] = field(default_factory=list)  # processes left after the main one exited
@@ -60,6 +62,14 @@ class Attempt:
     def final(self) -> Event | None:
         finals = self.of_kind("final")
         return finals[-1] if finals else None
+
+    @property
+    def ready_seconds(self) -> float | None:
+        """Launch until training ran its first step, less that step: start-up plus restore."""
+        steps = self.of_kind("step")
+        if not steps or not self.started_wall:
+            return None
+        return max(0.0, steps[0]["t"] - self.started_wall - float(steps[0].get("seconds") or 0.0))
 
 
 @dataclass

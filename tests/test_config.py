@@ -51,7 +51,10 @@ def test_missing_file_or_table_means_no_jobs(tmp_path):
         ("[tool.spotchaos.jobs.t]\nenv = {}\n", r"\[tool.spotchaos.jobs.t\].command: required"),
         ("[tool.spotchaos.jobs.t]\ncommand = 3\n", r"\.command: must be a string or a list of strings"),
         ("[tool.spotchaos.jobs.t]\ncommand = ''\n", r"\.command: must not be empty"),
-        ("[tool.spotchaos.jobs.t]\ncommand = 'x'\ngrace_seconds = -1\n", r"\.grace_seconds: must be a positive"),
+        (
+            "[tool.spotchaos.jobs.t]\ncommand = 'x'\ngrace_seconds = -1\n",
+            r"\.grace_seconds: must be a number of seconds in \(0, 1e\+06\], got -1",
+        ),
         ("[tool.spotchaos.jobs.t]\ncommand = 'x'\nenv = {A = 1}\n", r"\.env: must be a table of strings"),
         ("[tool.spotchaos]\nouptut = 'x'\n", r"\[tool.spotchaos\].ouptut: unknown key"),
         ("[tool.spotchaos\n", "not valid TOML"),

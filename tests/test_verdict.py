@@ -27,7 +27,7 @@ def record(*attempts):
 
 
 def notice(step, *, exceeded=False, kind="sigterm"):
-    return FaultRecord(kind, step, step, 1.0, exit_seconds=0.2, grace_seconds=5, grace_exceeded=exceeded)
+    return FaultRecord(kind, step, step, 1.0, 1000.0, exit_seconds=0.2, grace_seconds=5, grace_exceeded=exceeded)
 
 
 REFERENCE = record(attempt(0, [*(step(i, lr=0.1 * i) for i in range(10)), final()]))

@@ -1,0 +1,21 @@
+"""Time budgets of the declared jobs: checkpoint overhead and the answer to a notice.
+
+The seed: checkpointing too often eats the savings through storage I/O, and a notice is only
+useful if the checkpoint is durable well inside the provider's window.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.spotchaos
+
+
+def test_checkpoint_overhead_within_budget(spotchaos, spotchaos_job, benchmark):
+    """Checkpoint blocking time / training time <= the job's overhead_budget (default 5 %)."""
+    spotchaos.check_overhead(spotchaos_job, benchmark=benchmark)
+
+
+def test_notice_flush_fits_half_the_grace_window(spotchaos, spotchaos_job):
+    """From SIGTERM to a durable checkpoint in at most half of grace_seconds (provider preset)."""
+    spotchaos.check_notice_flush(spotchaos_job)

@@ -1,0 +1,155 @@
+"""Overhead budget, notice flush, interval advisor and cost: pure maths against worked
+examples, and real runs of the reference trainer for the budget verdicts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from spotchaos.advisor import advise, daly_interval, expected_waste, young_interval
+from spotchaos.config import JobSpec, load_settings
+from spotchaos.cost import CostInputs, estimate
+from spotchaos.errors import ConfigError
+from spotchaos.runner import BudgetFailure
+
+from .helpers import trainer_job
+
+PRELUDE = "from spotchaos.probe import Probe\nprobe = Probe.from_env()\nprobe.start()\n"
+
+
+def test_young_and_daly_match_a_worked_example_to_three_figures():
+    # C = 60 s, M = 6 h. Young: sqrt(2*60*21600) = 1609.97 s. Daly: 1609.97 * (1 + sqrt(1/720)/3
+    # + (1/720)/9) - 60 = 1570.2 s (worked by hand from Daly 2006, eq. 37).
+    assert f"{young_interval(60, 21600):.3g}" == "1.61e+03"
+    assert f"{daly_interval(60, 21600):.3g}" == "1.57e+03"
+    assert daly_interval(100, 40) == 40  # C >= 2M: checkpoint once per M
+
+
+def test_expected_waste_is_smallest_near_the_optimum():
+    c, r, m = 60.0, 120.0, 21600.0
+    best = daly_interval(c, m)
+    assert expected_waste(best, c, r, m) < expected_waste(best / 3, c, r, m)
+    assert expected_waste(best, c, r, m) < expected_waste(best * 3, c, r, m)
+    # first-order check: C/tau + tau/(2M) + R/M, about 7.8 % here
+    approx = c / best + best / (2 * m) + r / m
+    assert math.isclose(expected_waste(best, c, r, m), approx, rel_tol=0.1)
+
+
+@pytest.mark.parametrize(("interval", "assessment"), [(60, "too often"), (1500, "ok"), (20000, "too rarely")])
+def test_advice_says_when_the_interval_is_far_off(interval, assessment):
+    advice = advise(checkpoint_seconds=60, restart_seconds=120, mtbf_seconds=21600, configured_interval=interval)
+    assert advice.assessment == assessment
+    assert (assessment in advice.message) == (assessment != "ok")
+    assert "Daly's optimum" in advice.message
+
+
+def test_cost_with_every_price_given():
+    inputs = CostInputs(
+        spot_per_hour=1.0,
+        on_demand_per_hour=4.0,
+        storage_per_gb_month=0.02,
+        egress_per_gb=0.09,
+        production_steps=36_000,
+    )
+    est = estimate(
+        inputs=inputs,
+        step_seconds=1.0,
+        steps_run=24,
+        checkpoint_seconds=10,
+        interval_seconds=600,
+        restart_seconds=60,
+        mtbf_seconds=6 * 3600,
+        checkpoint_bytes=2 * 10**9,
+    )
+    assert est.work_hours == 10
+    assert est.spot.unknown == [] and est.on_demand.unknown == []
+    assert est.spot.wall_hours > est.on_demand.wall_hours > 10
+    assert math.isclose(est.on_demand.compute, 4.0 * est.on_demand.wall_hours)
+    assert est.spot.total_known < est.on_demand.total_known  # spot wins at a quarter of the price
+    assert est.expected_restarts > 1 and est.spot.egress > 0
+
+
+def test_cost_never_shows_an_unknown_price_as_zero():
+    est = estimate(
+        inputs=CostInputs(spot_per_hour=1.0),
+        step_seconds=1.0,
+        steps_run=3600,
+        checkpoint_seconds=1,
+        interval_seconds=60,
+        restart_seconds=10,
+        mtbf_seconds=3600,
+        checkpoint_bytes=10**6,
+    )
+    assert est.spot.compute is not None and est.spot.storage is None and est.spot.egress is None
+    assert set(est.spot.unknown) == {"storage price", "egress price"}
+    assert est.on_demand.compute is None and "on-demand price" in est.on_demand.unknown
+    assert any("set production_steps" in a for a in est.assumptions)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("overhead_budget = 1.5", r"overhead_budget: must be a fraction such as 0.05"),
+        ("overhead_budget = -0.1", r"overhead_budget: must be a fraction"),
+        ("provider = 'oracle'", r"provider: unknown provider 'oracle'"),
+        ("mtbf = 'sometimes'", r"mtbf: unknown preset 'sometimes'"),
+        ("mtbf = 5", r"mtbf_seconds: must be seconds \(at least 60\)"),
+        ("cost = { spot_per_hour = -1.0 }", r"cost.spot_per_hour: must be a price"),
+        ("cost = { spot_per_hour = 1e9 }", r"cost.spot_per_hour: must be a price"),
+        ("cost = { spot_price = 1.0 }", r"cost.spot_price: unknown key"),
+        ("cost = { production_steps = 0 }", r"cost.production_steps: must be a positive integer"),
+    ],
+)
+def test_bad_budget_price_and_interval_settings_name_the_key(tmp_path, body, message):
+    path = tmp_path / "pyproject.toml"
+    path.write_text(f"[tool.spotchaos.jobs.t]\ncommand = 'x'\n{body}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_settings(path)
+
+
+def test_provider_presets_set_the_grace_window_unless_given(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text(
+        "[tool.spotchaos.jobs.a]\ncommand = 'x'\nprovider = 'aws'\nmtbf = 'pessimistic'\n"
+        "[tool.spotchaos.jobs.b]\ncommand = 'x'\nprovider = 'gcp'\ngrace_seconds = 12\n"
+        "[tool.spotchaos.jobs.c]\ncommand = 'x'\nprovider = 'alibaba-pai-eas'\n"
+    )
+    a, b, c = load_settings(path).jobs
+    assert (a.grace_seconds, a.mtbf_seconds, b.grace_seconds, c.grace_seconds) == (120, 3600, 12, 300)
+    assert JobSpec(name="d", command=("x",)).grace_seconds == 30
+
+
+def test_default_configuration_passes_the_overhead_budget(runner):
+    job = trainer_job("reference_trainer", "--checkpoint-every", "6", "--step-seconds", "0.06", name="default")
+    figures = runner.check_overhead(job)
+    overhead = figures["overhead"]
+    assert overhead["passed"] and 0 < overhead["fraction"] <= 0.05
+    assert figures["advice"]["daly_interval"] > 0 and figures["cost"]["spot"]["unknown"]
+
+
+def test_checkpointing_every_step_fails_the_overhead_budget_with_the_figures(runner):
+    job = trainer_job("reference_trainer", "--checkpoint-every", "1", "--step-seconds", "0.03", name="every-step")
+    with pytest.raises(
+        BudgetFailure, match=r"checkpoint overhead \d+\.\d\d% of training time, over the budget of 5.00%"
+    ):
+        runner.check_overhead(job)
+
+
+def test_a_trainer_without_checkpoint_timings_is_unknown_not_passed(runner, script):
+    body = PRELUDE + "for i in range(4):\n    probe.step(i, 1.0)\nprobe.final({}, step=3)\n"
+    job = JobSpec(name="untimed", command=script(body))
+    with pytest.raises(BudgetFailure, match=r"overhead unknown: step events carry no 'seconds'"):
+        runner.check_overhead(job)
+    body = PRELUDE + "for i in range(4):\n    probe.step(i, 1.0, seconds=0.1)\nprobe.final({}, step=3)\n"
+    job = JobSpec(name="no-checkpoints", command=script(body, "nockpt.py"))
+    with pytest.raises(BudgetFailure, match=r"overhead unknown: the job reported no checkpoint"):
+        runner.check_overhead(job)
+
+
+def test_notice_flush_fits_and_fails_against_half_the_window(runner):
+    runner.check_notice_flush(trainer_job(name="flush-ok"))
+    # A trainer that takes 1 s per step needs up to a step to reach its boundary: more than half of 1.8 s.
+    slow = trainer_job("reference_trainer", "--step-seconds", "1.0", "--steps", "6", name="slow", grace_seconds=1.8)
+    with pytest.raises(BudgetFailure, match=r"more than half the 1.8 s grace window"):
+        runner.check_notice_flush(slow)
