@@ -41,7 +41,6 @@ class Side:
     unknown: list[str] = field(default_factory=list)
 
 
-
 @dataclass
 class CostEstimate:
     work_hours: float  # compute the job needs with no checkpoint and no preemption

@@ -8,29 +8,34 @@ leaves, so no process of the job outlives the call.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from .backends import Backend, Handle, LaunchSpec, SubprocessBackend
 from .config import JobSpec
 from .errors import JobError
 from .events import EventReader
-from .faults import PREEMPTIONS
+from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
 from .plan import Plan, Preemption
 from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_RUN_ID
 from .trajectory import Attempt, FaultRecord, RunRecord
 
 POLL_SECONDS = 0.003
 TAIL_BYTES = 4000
+CRASHPOINT_DIR = Path(__file__).resolve().parent / "crashpoint"
+FS_EVENTS = "fs-events.jsonl"
 
 
 @dataclass(frozen=True)
 class EngineOptions:
     root: Path  # where relative job paths are resolved: the project root
     backend: Backend | None = None
+    trace_fs: bool = False  # log the job's file-system events under its checkpoint directory
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -147,10 +152,12 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
     attempts: list[Attempt] = []
     for index in range(len(plan.preemptions) + 1):
         preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
-        attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend)
+        attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options.trace_fs)
         attempts.append(attempt)
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
+        if preemption is not None and preemption.damage:
+            attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
     return RunRecord(
         job=job.name,
         plan=str(plan),
@@ -169,11 +176,18 @@ def _run_attempt(
     checkpoints: Path,
     run_id: str,
     backend: Backend,
+    trace_fs: bool = False,
 ) -> Attempt:
     folder = workdir / f"attempt-{index}"
     folder.mkdir()
     events_path = folder / "events.jsonl"
     env = {**os.environ, **job.environment()}
+    crash_at = preemption.at_step if preemption is not None and preemption.fault == "crash" else None
+    if crash_at is not None or trace_fs:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
+        env["SPOTCHAOS_CRASH_ROOT"] = str(checkpoints.resolve())
+        env["SPOTCHAOS_CRASH_LOG"] = str(folder / FS_EVENTS)
+        env["SPOTCHAOS_CRASH_AT"] = str(crash_at or 0)
     env.update(
         {
             ENV_EVENTS: str(events_path),
@@ -192,7 +206,7 @@ def _run_attempt(
     )
     reader = EventReader(events_path)
     handle = backend.start(spec)
-    watch = _AttemptWatch(job, handle, reader, preemption)
+    watch = _AttemptWatch(job, handle, reader, None if crash_at is not None else preemption)
     orphans: list[int] = []
     try:
         try:
@@ -219,9 +233,35 @@ def _run_attempt(
         stdout_tail=_tail(spec.stdout_path),
         stderr_tail=_tail(spec.stderr_path),
     )
-    if watch.fault is None:
+    if crash_at is not None:
+        attempt.fault = _crash_record(crash_at, attempt, folder / FS_EVENTS)
+    if attempt.fault is None:
         _check_unprovoked_exit(job, attempt)
     return attempt
+
+
+def read_fs_events(path: Path) -> list[dict]:
+    """The file-system events a traced or crash-armed attempt logged (see spotchaos/crashpoint)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _crash_record(crash_at: int, attempt: Attempt, log: Path) -> FaultRecord | None:
+    """The crash as it happened, or None when the job never reached that file-system event."""
+    hit = [e for e in read_fs_events(log) if e["index"] == crash_at]
+    if not hit or attempt.exit_code != -9:
+        return None
+    steps = attempt.steps
+    return FaultRecord(
+        fault="crash",
+        planned_step=crash_at,
+        observed_step=steps[-1].step if steps else -1,
+        delivered_at=hit[0]["t"] - attempt.started_wall,
+        delivered_wall=hit[0]["t"],
+        exit_seconds=0.0,
+        detail=f"before {hit[0]['event']} {'/'.join(Path(hit[0]['path']).parts[-2:])} (file-system event {crash_at})",
+    )
 
 
 def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
@@ -238,3 +278,43 @@ def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
             f"job {job.name!r} exited 0 in attempt {attempt.index} {at} without a 'final' event: "
             "call probe.final(model.state_dict(), step=...) when training ends"
         )
+
+
+def _durable_checkpoints(attempts: list[Attempt], root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every checkpoint the run reported durable that still exists inside ``root``,
+    oldest first. Anything outside the run's own directory is never a target."""
+    found: dict[Path, int] = {}
+    base = root.resolve()
+    for attempt in attempts:
+        for event in attempt.of_kind("checkpoint"):
+            parsed = urlparse(event["uri"])
+            path = Path(unquote(parsed.path)).resolve()
+            if parsed.scheme not in ("", "file") or not path.is_relative_to(base) or path == base:
+                raise OutsideCheckpoint(
+                    f"the job reported checkpoint {event['uri']} outside the run's own directory {base.as_uri()} "
+                    "(SPOTCHAOS_CHECKPOINT_URI): spotchaos damages only checkpoints its run created, so it refuses"
+                )
+            found[path] = event["step"]
+    return sorted(((step, path) for path, step in found.items() if path.exists()), key=lambda sp: sp[0])
+
+
+class OutsideCheckpoint(JobError):
+    """A checkpoint fault was asked for a checkpoint the harness did not create."""
+
+
+def damage_newest(fault_name: str, pick: float, attempts: list[Attempt], root: Path) -> Damage:
+    """Apply a checkpoint fault to the newest durable checkpoint of this run, between attempts."""
+    durable = _durable_checkpoints(attempts, root)
+    if not durable:
+        return Damage(fault_name, "", applied=False, detail="no durable checkpoint yet")
+    checkpoints = CheckpointSet(tuple(path for _, path in durable))
+    try:
+        damage = CHECKPOINT_FAULTS[fault_name].apply(checkpoints, pick)
+    except ValueError as exc:
+        return Damage(fault_name, str(checkpoints.newest), applied=False, detail=str(exc))
+    damage.damaged_step = durable[-1][0]
+    if damage.makes_unloadable:
+        damage.expected_resume = durable[-2][0] if len(durable) > 1 else None
+    else:
+        damage.expected_resume = durable[-1][0]
+    return damage

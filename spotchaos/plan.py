@@ -6,15 +6,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .faults import PREEMPTIONS
+from .faults import CHECKPOINT_FAULTS, PREEMPTIONS
 
 
 @dataclass(frozen=True)
 class Preemption:
-    """Deliver ``fault`` once the attempt has reported step ``at_step`` (or a later one)."""
+    """Deliver ``fault`` once the attempt has reported step ``at_step`` (or a later one); then,
+    before the restart, apply ``damage`` to the newest checkpoint (``pick`` in [0, 1) chooses
+    the file and the offset)."""
 
     at_step: int
     fault: str
+    damage: str | None = None
+    pick: float = 0.0
 
     def __post_init__(self) -> None:
         if self.fault not in PREEMPTIONS:
@@ -22,9 +26,17 @@ class Preemption:
             raise ConfigError(f"unknown preemption {self.fault!r} (known: {known})")
         if self.at_step < 0:
             raise ConfigError(f"preemption step must be >= 0, got {self.at_step}")
+        if self.damage is not None and self.damage not in CHECKPOINT_FAULTS:
+            known = ", ".join(CHECKPOINT_FAULTS)
+            raise ConfigError(f"unknown checkpoint fault {self.damage!r} (known: {known})")
+        if not 0 <= self.pick < 1:
+            raise ConfigError(f"pick must be in [0, 1), got {self.pick}")
 
     def __str__(self) -> str:
-        return f"{self.fault}@{self.at_step}"
+        text = f"{self.fault}@{self.at_step}"
+        if self.damage:
+            text += f":{self.damage}" + (f"~{self.pick!r}" if self.pick else "")
+        return text
 
 
 @dataclass(frozen=True)
@@ -35,17 +47,23 @@ class Plan:
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """``"sigterm@5,sigkill@12"`` -> Plan; the form the report's replay commands use."""
+        """``"sigterm@5,sigkill@12:truncate-half~0.3"`` -> Plan; the form replay commands use."""
         items = []
         for part in filter(None, (p.strip() for p in text.split(","))):
-            fault, _, step = part.partition("@")
+            head, _, damage = part.partition(":")
+            fault, _, step = head.partition("@")
+            damage, _, pick = damage.partition("~")
             if not step.isdigit():
-                raise ConfigError(f"plan item {part!r} must look like FAULT@STEP, e.g. sigterm@5")
-            items.append(Preemption(int(step), fault))
+                raise ConfigError(f"plan item {part!r} must look like FAULT@STEP[:DAMAGE[~PICK]], e.g. sigterm@5")
+            try:
+                pick_value = float(pick) if pick else 0.0
+            except ValueError:
+                raise ConfigError(f"plan item {part!r}: pick {pick!r} is not a number") from None
+            items.append(Preemption(int(step), fault, damage or None, pick_value))
         return cls(tuple(items))
 
     def __str__(self) -> str:
         return ",".join(str(p) for p in self.preemptions) or "none"
 
     def to_dict(self) -> list[dict[str, Any]]:
-        return [{"fault": p.fault, "at_step": p.at_step} for p in self.preemptions]
+        return [{"fault": p.fault, "at_step": p.at_step, "damage": p.damage, "pick": p.pick} for p in self.preemptions]

@@ -211,6 +211,22 @@ class Scenario:
         settings = ExploreSettings(max_examples=self._state.options.max_examples, seed=self._seed)
         self._guard(record, lambda: self.runner.explore(job, plans, settings=settings, record=record))
 
+    def reference(self, job: JobSpec):
+        """The uninterrupted run of ``job`` (computed once per session)."""
+        return self.runner.reference(job)
+
+    def checkpoint_steps(self, job: JobSpec) -> list[int]:
+        """Steps after which the uninterrupted run reported durable checkpoints."""
+        return self.runner.checkpoint_steps(job)
+
+    def save_boundaries(self, job: JobSpec) -> list[dict[str, Any]]:
+        """The file-system events of one checkpoint save (rotation included): crash points."""
+        return self.runner.save_boundaries(job)
+
+    def resume_boundaries(self, job: JobSpec):
+        """(the hard kill before it, the reads of a checkpoint load on restart): crash points."""
+        return self.runner.resume_boundaries(job)
+
     def check_overhead(self, job: JobSpec, benchmark: Any = None) -> None:
         """Fail when checkpointing costs more than ``job.overhead_budget`` of training time.
 

@@ -12,19 +12,20 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given
+from hypothesis import HealthCheck, Phase, given, reject
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
 from .advisor import advise
 from .config import JobSpec
 from .cost import estimate
-from .engine import EngineOptions, run_job
+from .engine import FS_EVENTS, EngineOptions, read_fs_events, run_job
 from .errors import SpotchaosError
 from .overhead import measure_overhead, notice_flushes
 from .plan import Plan, Preemption
@@ -44,6 +45,10 @@ class ChaosFailure(AssertionError):
         super().__init__(
             f"job {job!r} under plan {plan}:\n{verdict.message()}\n  (logs and checkpoints kept in {workdir})"
         )
+
+
+class DamageNotApplied(SpotchaosError):
+    """A plan's checkpoint fault found nothing to damage (no durable checkpoint yet, say)."""
 
 
 class BudgetFailure(AssertionError):
@@ -114,6 +119,11 @@ class ChaosRunner:
     def check(self, job: JobSpec, plan: Plan, record: ScenarioRecord | None = None) -> Verdict:
         """Run one plan; raise :class:`ChaosFailure` unless every verdict holds."""
         run, verdict = self.run(job, plan)
+        skipped = [a.damage for a in run.attempts if a.damage is not None and not a.damage.applied]
+        if skipped:
+            raise DamageNotApplied(
+                f"job {job.name!r} under plan {plan}: {skipped[0].fault} could not be applied: {skipped[0].detail}"
+            )
         if record is not None:
             _note(record, plan, run, verdict, self.reference(job))
         if not verdict.passed:
@@ -151,6 +161,8 @@ class ChaosRunner:
             tried += 1
             try:
                 self.check(job, plan, record)
+            except DamageNotApplied:
+                reject()  # nothing to damage at that step: not a verdict, try another plan
             except SpotchaosError as exc:
                 aborted.append(exc)
 
@@ -169,12 +181,60 @@ class ChaosRunner:
             test = hypothesis_seed(settings.seed)(test)
         try:
             test()
+        except Unsatisfiable:
+            raise DamageNotApplied(
+                f"job {job.name!r}: no plan could damage a checkpoint (does it report durable checkpoints "
+                "with probe.checkpoint before the preemption steps tried?)"
+            ) from None
         finally:
             if record is not None:
                 record.plans_tried = tried
         if aborted:
             raise aborted[0]
         return tried
+
+    def checkpoint_steps(self, job: JobSpec) -> list[int]:
+        """Steps after which the uninterrupted run reported a durable checkpoint."""
+        return [e["step"] for e in self.reference(job).attempts[0].of_kind("checkpoint")]
+
+    def trace(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, list[list[dict[str, Any]]]]:
+        """Run with every file-system event under the checkpoint directory logged, per attempt."""
+        workdir = self._next_dir(f"{job.name}-trace")
+        options = EngineOptions(root=self.root, trace_fs=True)
+        record = run_job(job, plan, workdir, options)
+        logs = [read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.attempts]
+        if not self.keep_passing:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return record, logs
+
+    def save_boundaries(self, job: JobSpec) -> list[dict[str, Any]]:
+        """Every file-system event of one checkpoint save of the uninterrupted run: the first save
+        that also rotates an old checkpoint away, else the last save. Each is a crash point."""
+        record, (log, *_) = self.trace(job, Plan())
+        events = record.attempts[0].events
+        windows = []
+        last_step_t = None
+        for event in events:
+            if event["event"] == "step":
+                last_step_t = event["t"]
+            elif event["event"] == "checkpoint" and last_step_t is not None:
+                windows.append([e for e in log if last_step_t < e["t"] <= event["t"]])
+        if not windows:
+            raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no save to crash inside")
+        rotating = [w for w in windows[1:] if any(e["event"] in ("shutil.rmtree", "os.remove") for e in w)]
+        return rotating[0] if rotating else windows[-1]
+
+    def resume_boundaries(self, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
+        """The reads of a restart that loads a checkpoint: hard kill half-way, then trace the resume."""
+        steps = self.checkpoint_steps(job)
+        if not steps:
+            raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no load to crash inside")
+        kill = Preemption(min(steps[-1] + 1, len(self.reference(job).steps) - 2), "sigkill")
+        record, logs = self.trace(job, Plan((kill,)))
+        if len(logs) < 2:
+            raise SpotchaosError(f"job {job.name!r} finished before {kill} could interrupt it")
+        first_step = next((e["t"] for e in record.attempts[1].of_kind("step")), float("inf"))
+        return kill, [e for e in logs[1] if e["event"] == "open-read" and e["t"] < first_step]
 
     def fresh_run(self, job: JobSpec) -> RunRecord:
         """One more uninterrupted run (the overhead scenario measures on it)."""
@@ -274,6 +334,7 @@ def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, 
         "attempts": len(run.attempts),
         "lost_steps": verdict.lost_steps,
         "faults": [f.__dict__ for f in run.faults],
+        "damage": [asdict(d) for d in verdict.damage],  # each checkpoint fault and what the job did
         "restart_seconds": [a.start_seconds for a in run.attempts[1:]],
     }
     record.runs.append(summary)

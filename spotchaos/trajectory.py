@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .events import Event
+from .faults.checkpoint import Damage
 
 
 @dataclass
@@ -24,6 +25,7 @@ class FaultRecord:
     exit_seconds: float | None = None  # from delivery until the main process exited
     grace_seconds: float | None = None
     grace_exceeded: bool = False
+    detail: str = ""  # for a crash point: the file-system event it died before
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Attempt:
     started_wall: float = 0.0  # Unix time of the launch, comparable with the events' "t"
     events: list[Event] = field(default_factory=list)
     fault: FaultRecord | None = None
+    damage: Damage | None = None  # applied after this attempt ended, before the next one started
     orphans: list[int] = field(default_factory=list)  # processes left after the main one exited
     stdout_tail: str = ""
     stderr_tail: str = ""

@@ -10,8 +10,10 @@ restart resumed from the newest checkpoint that was durable (or said why it roll
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from .faults.checkpoint import Damage
 from .trajectory import Attempt, RunRecord, StepRecord
 
 # What a fingerprint that diverges together with the loss usually means.
@@ -85,6 +87,7 @@ class Verdict:
     lost_steps: int
     grace: list[GraceResult]
     reference_steps: int
+    damage: list[DamageOutcome] = field(default_factory=list)
 
     def message(self) -> str:
         if self.passed:
@@ -193,17 +196,92 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
     )
 
 
-def _resume_failures(chaos: RunRecord) -> list[str]:
-    """Each restart must resume from the newest checkpoint reported durable before it."""
-    failures = []
+@dataclass
+class DamageOutcome:
+    """A checkpoint fault and what the job did about it."""
+
+    attempt: int  # the attempt that resumed after the damage
+    fault: str
+    checkpoint: str
+    file: str | None
+    detail: str
+    damaged_step: int | None
+    expected_resume: int | None
+    resumed_from: int | None
+    rolled_back: bool
+    ok: bool
+    problem: str | None
+
+
+def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome:
+    expected = -1 if damage.expected_resume is None else damage.expected_resume
+    rolled_back = bool(attempt.of_kind("rollback"))
+    name = Path(damage.checkpoint).name
+    what = (
+        f"{damage.fault} on {name}"
+        + (f"/{damage.file}" if damage.file else "")
+        + (f" ({damage.detail})" if damage.detail else "")
+    )
+    problem = None
+    if damage.makes_unloadable and start == damage.damaged_step:
+        problem = (
+            f"silent bad load: attempt {attempt.index} resumed from the damaged checkpoint after step "
+            f"{damage.damaged_step} ({what})" + ("" if rolled_back else " without reporting a rollback")
+        )
+    elif start < expected:
+        cause = "trusted a stale or torn 'latest' pointer? " if not damage.makes_unloadable else ""
+        problem = (
+            f"attempt {attempt.index} resumed after step {start}, but the newest intact checkpoint was after step "
+            f"{expected} ({what}): {cause}work was lost"
+        )
+    elif damage.makes_unloadable and damage.fault != "delete-newest" and start == expected and not rolled_back:
+        problem = (
+            f"attempt {attempt.index} skipped the damaged checkpoint ({what}) without saying so: "
+            "report a 'rollback' event (probe.rollback) when a checkpoint does not verify"
+        )
+    return DamageOutcome(
+        attempt=attempt.index,
+        fault=damage.fault,
+        checkpoint=damage.checkpoint,
+        file=damage.file,
+        detail=damage.detail,
+        damaged_step=damage.damaged_step,
+        expected_resume=damage.expected_resume,
+        resumed_from=None if start < 0 else start,
+        rolled_back=rolled_back,
+        ok=problem is None,
+        problem=problem,
+    )
+
+
+def _resume_checks(chaos: RunRecord) -> tuple[list[str], list[DamageOutcome]]:
+    """Each restart must resume from the newest checkpoint that is durable and intact: the newest
+    reported durable, or, after a checkpoint fault, the newest one the fault left intact."""
+    failures: list[str] = []
+    outcomes: list[DamageOutcome] = []
     durable: int | None = None
     resumed = _resume_points(chaos.attempts)
+    previous: Attempt | None = None
+    damage: Damage | None = None  # applied before a restart, judged at the first restart that resumes
     for attempt in chaos.attempts:
-        if attempt.index > 0:
-            point = resumed[attempt.index]
+        point = resumed[attempt.index]
+        crashed_before_resuming = point is None and not attempt.steps and attempt.fault is not None
+        if previous is not None and not crashed_before_resuming:
             start = -1 if point is None else point
-            rolled_back = bool(attempt.of_kind("rollback"))
-            if durable is not None and start < durable and not rolled_back:
+            if damage is not None:
+                outcome = _judge_damage(attempt, start, damage)
+                outcomes.append(outcome)
+                if outcome.problem:
+                    failures.append(outcome.problem)
+                damage = None
+            elif previous.fault is not None and previous.fault.fault == "crash":
+                if durable is not None and start < durable:
+                    failures.append(
+                        f"crash {previous.fault.detail} in attempt {previous.index} left neither the old nor the new "
+                        f"checkpoint loadable: attempt {attempt.index} resumed after step {start}, but a checkpoint "
+                        f"after step {durable} had been durable before the crash"
+                    )
+            elif durable is not None and start < durable and not attempt.of_kind("rollback"):
                 failures.append(
                     f"attempt {attempt.index} resumed after step {start} although a checkpoint after step "
                     f"{durable} was durable and no rollback was reported: work was lost silently"
@@ -211,7 +289,10 @@ def _resume_failures(chaos: RunRecord) -> list[str]:
         steps = [e["step"] for e in attempt.of_kind("checkpoint")]
         if steps:
             durable = max(steps) if durable is None else max(durable, *steps)
-    return failures
+        if attempt.damage is not None and attempt.damage.applied:
+            damage = attempt.damage
+        previous = attempt
+    return failures, outcomes
 
 
 def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
@@ -244,7 +325,8 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     grace = _grace_results(chaos)
     attempts = {a.index: a for a in chaos.attempts}
     failures.extend(_grace_failure(g, attempts[g.attempt]) for g in grace if not g.ok)
-    failures.extend(_resume_failures(chaos))
+    resume_failures, damage = _resume_checks(chaos)
+    failures.extend(resume_failures)
 
     return Verdict(
         passed=not failures,
@@ -256,6 +338,7 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
         lost_steps=max(0, len(chaos.steps) - len(reference.steps)),
         grace=grace,
         reference_steps=len(ref_steps),
+        damage=damage,
     )
 
 

@@ -206,3 +206,22 @@ for step in range(100000):
     assert process.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "KeyboardInterrupt" in out
     assert not any(is_alive(pid) for pid in pids), f"job processes {pids} survived Ctrl-C"
+
+
+def test_overhead_scenario_reports_to_pytest_benchmark_json(pytester):
+    pytester.makefile(".toml", pyproject=pyproject(extra='overhead_budget = 0.5\nmtbf = "pessimistic"'))
+    pytester.makepyfile(
+        test_s="""
+def test_overhead(spotchaos, spotchaos_job, benchmark):
+    spotchaos.check_overhead(spotchaos_job, benchmark=benchmark)
+"""
+    )
+    result = pytester.runpytest_subprocess("--spotchaos", "--benchmark-json=bench.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*overhead *% of training time (budget 50.00%)*", "*advice: *Daly's optimum*"])
+    (bench,) = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]
+    info = bench["extra_info"]
+    assert 0 < info["checkpoint_overhead_fraction"] < 0.5 and info["overhead_budget"] == 0.5
+    (scenario,) = report(pytester)["scenarios"]
+    assert scenario["figures"]["advice"]["mtbf_seconds"] == 3600
+    assert scenario["figures"]["cost"]["spot"]["compute"] is None  # no price given: unknown, not zero

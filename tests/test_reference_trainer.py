@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
 
+import crc32c
 import pytest
 
 from spotchaos.events import EventReader
@@ -64,7 +64,7 @@ def test_checkpoints_are_atomic_verified_rotated_and_pointed_at(tmp_path):
     assert set(manifest["files"]) == {"model.pt", "optimizer.pt", "trainer.pt"}
     for name, entry in manifest["files"].items():
         data = (root / "ckpt-00000020" / name).read_bytes()
-        assert hashlib.sha256(data).hexdigest() == entry["sha256"] and len(data) == entry["bytes"]
+        assert f"{crc32c.crc32c(data):08x}" == entry["crc32c"] and len(data) == entry["bytes"]
     checkpoints = [e for e in events if e["event"] == "checkpoint"]
     assert [e["step"] for e in checkpoints] == [3, 7, 11, 15, 19]
     assert all(e["reason"] == "periodic" and e["bytes"] > 0 for e in checkpoints)
@@ -82,7 +82,7 @@ def test_damaged_newest_checkpoint_rolls_back_to_the_previous_one(tmp_path):
     second = run_trainer(tmp_path, "second.jsonl", "--steps", "12")
     kinds = [e["event"] for e in second]
     assert kinds[:3] == ["start", "rollback", "resume"]
-    assert "sha256 does not match" in second[1]["reason"] and second[1]["skipped_uri"].endswith("ckpt-00000008")
+    assert "crc32c does not match" in second[1]["reason"] and second[1]["skipped_uri"].endswith("ckpt-00000008")
     assert second[2]["from_step"] == 3
     steps = [e["step"] for e in second if e["event"] == "step"]
     assert steps == list(range(4, 12))

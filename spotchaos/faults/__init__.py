@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..backends.base import Handle
-from .signals import HardKill, Notice
+from .checkpoint import CHECKPOINT_FAULTS, CheckpointSet, Damage
+from .signals import CrashPoint, HardKill, Notice
 
 
 class Fault(Protocol):
@@ -24,6 +25,16 @@ PREEMPTIONS: dict[str, Fault] = {
     "sigterm": Notice(whole_group=False),
     "sigterm-group": Notice(whole_group=True),
     "sigkill": HardKill(),
+    "crash": CrashPoint(),  # at_step is the index of a file-system event, not a training step
 }
 
-__all__ = ["PREEMPTIONS", "Fault", "HardKill", "Notice"]
+__all__ = [
+    "CHECKPOINT_FAULTS",
+    "PREEMPTIONS",
+    "CheckpointSet",
+    "CrashPoint",
+    "Damage",
+    "Fault",
+    "HardKill",
+    "Notice",
+]

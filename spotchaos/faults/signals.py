@@ -36,3 +36,19 @@ class HardKill:
 
     def apply(self, handle: Handle) -> None:
         handle.kill()
+
+
+@dataclass(frozen=True)
+class CrashPoint:
+    """SIGKILL from inside the job at its Nth file-system event under the checkpoint directory.
+
+    Armed through the environment before the attempt starts (see ``spotchaos/crashpoint``); the
+    plan's step number is the event's index. Nothing is delivered from outside.
+    """
+
+    name: str = field(default="crash", init=False)
+    graceful: bool = field(default=False, init=False)
+    armed_by_environment: bool = field(default=True, init=False)
+
+    def apply(self, handle: Handle) -> None:
+        pass

@@ -1,0 +1,37 @@
+"""Damaged checkpoints and crashes inside checkpoint writes and loads.
+
+After damage to the newest checkpoint the job must resume from the newest intact one, say so
+(a rollback event), and still end bit-exact; a crash at any file-system boundary of a save, or
+while a restart loads its checkpoint, must leave a loadable checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+
+from spotchaos.plan import Plan
+from spotchaos.strategies import damage_plans
+
+pytestmark = pytest.mark.spotchaos
+
+
+def test_damaged_newest_checkpoint_rolls_back(spotchaos, spotchaos_job):
+    """Truncation, bit flips, deleted or corrupt manifests, dropped files, swapped or stale pointers."""
+    steps = spotchaos.checkpoint_steps(spotchaos_job)
+    min_step = steps[1] + 1 if len(steps) > 1 else 0  # two checkpoints exist, so one can stay intact
+    spotchaos.explore(spotchaos_job, lambda total: damage_plans(total, min_step=min_step))
+
+
+def test_crash_inside_a_checkpoint_save_leaves_a_loadable_checkpoint(spotchaos, spotchaos_job):
+    """SIGKILL before each file-system event of a save that also rotates old checkpoints away."""
+    boundaries = spotchaos.save_boundaries(spotchaos_job)
+    plans = st.sampled_from([Plan.parse(f"crash@{b['index']}") for b in boundaries])
+    spotchaos.explore(spotchaos_job, plans)
+
+
+def test_crash_while_loading_on_resume_then_resume_again(spotchaos, spotchaos_job):
+    """A crash loop: hard kill, then another kill while the restart reads its checkpoint."""
+    kill, reads = spotchaos.resume_boundaries(spotchaos_job)
+    plans = st.sampled_from([Plan((kill, *Plan.parse(f"crash@{r['index']}").preemptions)) for r in reads])
+    spotchaos.explore(spotchaos_job, plans)

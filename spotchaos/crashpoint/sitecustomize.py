@@ -1,0 +1,66 @@
+"""Crash points for unmodified Python trainers: SIGKILL at the Nth file-system event.
+
+The harness puts this directory first on the trainer's PYTHONPATH; Python imports
+``sitecustomize`` at start-up, which installs an audit hook (PEP 578). The hook sees every
+``open``, ``os.rename``, ``os.replace``, ``os.remove``, ``os.rmdir``, ``os.mkdir`` and
+``shutil.rmtree`` under the run's checkpoint directory *before* it happens, numbers them, logs
+them, and kills the whole process at the chosen one: the crash lands exactly between two steps
+of a checkpoint write, rotation or load. Standard library only, like the probe.
+
+Environment: SPOTCHAOS_CRASH_ROOT (the checkpoint directory), SPOTCHAOS_CRASH_LOG (JSON lines
+of the events seen), SPOTCHAOS_CRASH_AT (1-based index of the event to die before; 0 logs only).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+_ROOT = os.environ.get("SPOTCHAOS_CRASH_ROOT")
+_LOG = os.environ.get("SPOTCHAOS_CRASH_LOG")
+_AT = int(os.environ.get("SPOTCHAOS_CRASH_AT", "0") or 0)
+_EVENTS = {"open", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
+_count = 0
+_busy = False
+
+
+def _under_root(path) -> bool:
+    try:
+        path = os.fsdecode(path)
+    except TypeError:
+        return False
+    return os.path.abspath(path).startswith(_ROOT + os.sep) or os.path.abspath(path) == _ROOT
+
+
+def _describe(event, args):
+    if event == "open":
+        mode = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+        flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+        writing = any(c in mode for c in "wax+") or bool(flags & (os.O_WRONLY | os.O_RDWR))
+        return ("open-write" if writing else "open-read"), os.fsdecode(args[0])
+    return event, " -> ".join(os.fsdecode(a) for a in args[:2] if isinstance(a, str | bytes | os.PathLike))
+
+
+def _hook(event, args):
+    global _count, _busy
+    if _busy or event not in _EVENTS or not args or not _under_root(args[0]):
+        return
+    _busy = True  # our own log write must not count
+    try:
+        _count += 1
+        kind, target = _describe(event, args)
+        if _LOG:
+            record = {"index": _count, "event": kind, "path": target, "t": time.time(), "pid": os.getpid()}
+            fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(fd, (json.dumps(record) + "\n").encode())
+            os.close(fd)
+        if _count == _AT:
+            os.kill(os.getpid(), signal.SIGKILL)
+    finally:
+        _busy = False
+
+
+if _ROOT:
+    _ROOT = os.path.abspath(_ROOT)
+    sys.addaudithook(_hook)

@@ -1,0 +1,147 @@
+"""Damaged checkpoints and crash points, on real checkpoints of real trainers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from spotchaos.config import JobSpec
+from spotchaos.engine import OutsideCheckpoint, damage_newest
+from spotchaos.faults import CHECKPOINT_FAULTS, CheckpointSet
+from spotchaos.faults.checkpoint import FlipBits, LatestPointer, Truncate
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure, DamageNotApplied
+from spotchaos.trajectory import Attempt
+
+from .helpers import trainer_job
+
+REFERENCE = trainer_job(name="ckpt-ref")
+ROTATING = trainer_job("reference_trainer", "--keep", "2", name="rotating")
+
+
+def make_checkpoints(root, count=2):
+    paths = []
+    for i in range(count):
+        ckpt = root / f"ckpt-{i:08d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.pt").write_bytes(bytes(range(256)) * 4)
+        (ckpt / "manifest.json").write_text('{"files": {"model.pt": {"crc32c": "0123abcd"}}}')
+        paths.append(ckpt)
+    (root / "latest").write_text(paths[-1].name + "\n")
+    return CheckpointSet(tuple(paths))
+
+
+def test_fault_objects_do_exactly_what_they_say(tmp_path):
+    cps = make_checkpoints(tmp_path)
+    model = cps.newest / "model.pt"
+    before = model.read_bytes()
+    damage = FlipBits("data").apply(cps, 0.5)
+    after = model.read_bytes()
+    differing = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert len(differing) == 1 and bin(before[differing[0]] ^ after[differing[0]]).count("1") == 1
+    assert damage.file == "model.pt" and "offset" in damage.detail
+    Truncate("half").apply(cps, 0.0)
+    assert model.stat().st_size == len(before) // 2
+    stale = LatestPointer("stale").apply(cps, 0.0)
+    assert (tmp_path / "latest").read_text().strip() == "ckpt-00000000" and not stale.makes_unloadable
+    assert (cps.paths[0] / "model.pt").read_bytes() == before  # the older checkpoint is untouched
+
+
+def test_damage_refuses_a_checkpoint_outside_the_runs_directory(tmp_path):
+    outside = tmp_path / "users-own-checkpoints" / "ckpt-1"
+    outside.mkdir(parents=True)
+    (outside / "model.pt").write_bytes(b"precious")
+    event = {"event": "checkpoint", "step": 1, "seconds": 0.1, "bytes": 8, "uri": outside.as_uri()}
+    attempt = Attempt(index=0, exit_code=0, wall_seconds=1, start_seconds=0.1, events=[event])
+    with pytest.raises(OutsideCheckpoint, match="outside the run's own directory"):
+        damage_newest("truncate-zero", 0.0, [attempt], tmp_path / "run" / "checkpoints")
+    assert (outside / "model.pt").read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("fault", list(CHECKPOINT_FAULTS))
+def test_reference_rolls_back_from_every_kind_of_damage_and_ends_bit_exact(runner, fault):
+    verdict = runner.check(REFERENCE, Plan.parse(f"sigterm@9:{fault}"))
+    (outcome,) = verdict.damage
+    assert outcome.ok and outcome.damaged_step == 10
+    if CHECKPOINT_FAULTS[fault].name.endswith("-latest"):
+        assert outcome.resumed_from == 10  # the checkpoints are intact: only the pointer lies
+    else:
+        assert outcome.resumed_from == 7 and (outcome.rolled_back or fault == "delete-newest")
+
+
+def test_unverified_load_is_caught_as_a_silent_bad_load(runner):
+    job = trainer_job("broken_unverified_load")
+    with pytest.raises(
+        ChaosFailure,
+        match=r"silent bad load: attempt 1 resumed from the damaged checkpoint after step 10 "
+        r"\(flip-burst-data on ckpt-00000011/model.pt",
+    ):
+        runner.check(job, Plan.parse("sigterm@9:flip-burst-data"))
+
+
+def test_damage_with_nothing_to_damage_is_a_clear_error(runner):
+    with pytest.raises(DamageNotApplied, match="truncate-zero could not be applied: no durable checkpoint yet"):
+        runner.check(REFERENCE, Plan.parse("sigkill@1:truncate-zero"))
+
+
+def test_every_boundary_of_a_rotating_save_is_a_survivable_crash_point(runner):
+    boundaries = runner.save_boundaries(ROTATING)
+    kinds = {b["event"] for b in boundaries}
+    assert {"os.mkdir", "open-write", "os.rename", "shutil.rmtree"} <= kinds, kinds
+    for boundary in boundaries:
+        verdict = runner.check(ROTATING, Plan.parse(f"crash@{boundary['index']}"))
+        assert verdict.passed
+
+
+def test_crash_while_loading_on_resume_then_resume_again(runner):
+    kill, reads = runner.resume_boundaries(REFERENCE)
+    assert reads and all(r["event"] == "open-read" for r in reads)
+    for read in (reads[0], reads[-1]):
+        runner.check(REFERENCE, Plan((kill, *Plan.parse(f"crash@{read['index']}").preemptions)))
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("broken_inplace_write", r"crash before open-write ckpt-current/\w+\.pt .* left neither the old nor the new"),
+        ("broken_rotate_first", r"crash before .* left neither the old nor the new checkpoint loadable"),
+    ],
+)
+def test_unsafe_writers_are_caught_at_a_crash_point(runner, script, message):
+    job = trainer_job(script)
+    for boundary in runner.save_boundaries(job):
+        try:
+            runner.check(job, Plan.parse(f"crash@{boundary['index']}"))
+        except ChaosFailure as failure:
+            assert re.search(message, str(failure)), str(failure)
+            return
+    pytest.fail(f"no crash point of {script} was caught")
+
+
+def test_plan_syntax_round_trips_damage_and_pick():
+    plan = Plan.parse("sigkill@12:flip-bit-data~0.375,crash@7")
+    assert str(plan) == "sigkill@12:flip-bit-data~0.375,crash@7" and Plan.parse(str(plan)) == plan
+    with pytest.raises(Exception, match="unknown checkpoint fault 'melt'"):
+        Plan.parse("sigterm@3:melt")
+
+
+def test_job_that_writes_elsewhere_is_refused(runner, script):
+    body = """
+import os, sys
+from spotchaos.probe import Probe
+probe = Probe.from_env(); probe.start()
+target = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elsewhere")
+os.makedirs(target, exist_ok=True)
+import time
+for i in range(40):
+    probe.step(i, 1.0, seconds=0.05)
+    time.sleep(0.05)
+    if i % 4 == 3:
+        open(os.path.join(target, "state"), "w").write(str(i))
+        probe.checkpoint(i, seconds=0.001, nbytes=1, uri="file://" + target)
+probe.final({}, step=39)
+"""
+    job = JobSpec(name="elsewhere", command=script(body))
+    with pytest.raises(OutsideCheckpoint, match="refuses"):
+        runner.check(job, Plan.parse("sigterm@10:truncate-zero"))
