@@ -144,3 +144,58 @@ def test_rollback_excuses_resuming_from_an_older_checkpoint():
     verdict = judge(REFERENCE, chaos)
     assert verdict.passed, verdict.failures
     assert verdict.lost_steps == 3
+
+
+def damaged(resume_from, *, rollback=True, fault="truncate-half", unloadable=True):
+    """Checkpoints after steps 2 and 5; the one after 5 is damaged before the restart."""
+    from spotchaos.faults import Damage
+
+    first = [*(step(i, lr=0.1 * i) for i in range(7)), ckpt(2), ckpt(5)]
+    second = [{"event": "rollback", "skipped_uri": "file:///c5", "reason": "crc"}] if rollback else []
+    second += [{"event": "resume", "from_step": resume_from, "uri": "u"}]
+    second += [*(step(i, lr=0.1 * i) for i in range(resume_from + 1, 10)), final()]
+    chaos = record(attempt(0, first, fault=notice(5)), attempt(1, second))
+    chaos.attempts[0].damage = Damage(
+        fault,
+        "/run/checkpoints/ckpt-6",
+        "model.pt",
+        "1 -> 0 bytes",
+        makes_unloadable=unloadable,
+        damaged_step=5,
+        expected_resume=2 if unloadable else 5,
+    )
+    return chaos
+
+
+def test_rollback_to_the_newest_intact_checkpoint_passes():
+    verdict = judge(REFERENCE, damaged(2))
+    assert verdict.passed, verdict.failures
+    (outcome,) = verdict.damage
+    assert outcome.ok and outcome.rolled_back and outcome.resumed_from == 2
+
+
+def test_loading_the_damaged_checkpoint_is_a_silent_bad_load():
+    text = judge(REFERENCE, damaged(5, rollback=False)).message()
+    assert "silent bad load: attempt 1 resumed from the damaged checkpoint after step 5" in text
+    assert "truncate-half on ckpt-6/model.pt (1 -> 0 bytes)" in text and "without reporting a rollback" in text
+
+
+def test_skipping_damage_without_saying_so_fails():
+    text = judge(REFERENCE, damaged(2, rollback=False)).message()
+    assert "skipped the damaged checkpoint" in text and "report a 'rollback' event" in text
+
+
+def test_trusting_a_stale_pointer_is_lost_work():
+    text = judge(REFERENCE, damaged(2, rollback=False, fault="stale-latest", unloadable=False)).message()
+    assert "resumed after step 2, but the newest intact checkpoint was after step 5" in text
+    assert "stale or torn 'latest' pointer" in text
+
+
+def test_a_crash_that_leaves_nothing_loadable_names_the_crash_point():
+    first = [*(step(i, lr=0.1 * i) for i in range(7)), ckpt(5)]
+    crash = FaultRecord("crash", 9, 6, 1.0, 1000.0, detail="before os.rename ckpt-7 (file-system event 9)")
+    chaos = record(
+        attempt(0, first, code=-9, fault=crash), attempt(1, [*(step(i, lr=0.1 * i) for i in range(10)), final()])
+    )
+    text = judge(REFERENCE, chaos).message()
+    assert "crash before os.rename ckpt-7 (file-system event 9) in attempt 0 left neither the old nor the new" in text
