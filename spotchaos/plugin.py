@@ -21,6 +21,7 @@ from .options import PROFILES, RunOptions, resolve
 from .plan import Plan
 from .report import build_report, now_iso, write_json
 from .runner import BudgetFailure, ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
+from .summary import figure_lines
 
 SKIP_REASON = "chaos scenario: run with --spotchaos (it starts real training jobs)"
 CACHE_SEED = "spotchaos/seed"
@@ -362,42 +363,9 @@ class _Collector:
             detail = f"failing plan {s['failing_plan']}" if s.get("failing_plan") else ""
             lost = sum(r["lost_steps"] for r in s["runs"])
             tr.write_line(f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}".rstrip())
-            for line in _figure_lines(s.get("figures") or {}):
+            for line in figure_lines(s.get("figures") or {}):
                 tr.write_line(f"          {line}")
         if self.path is not None:
             tr.write_line(f"report: {self.path}")
         seed = self.state.options.seed
         tr.write_line(f"seed: {seed} (replay with --spotchaos-seed={seed})")
-
-
-def _figure_lines(figures: dict[str, Any]) -> list[str]:
-    lines = []
-    overhead = figures.get("overhead")
-    if overhead:
-        if overhead["fraction"] is None:
-            lines.append(f"overhead unknown: {overhead['unknown_reason']}")
-        else:
-            lines.append(
-                f"overhead {overhead['fraction']:.2%} of training time (budget {overhead['budget']:.2%}); "
-                f"checkpoint {overhead['checkpoint_seconds']:.3g} s every {overhead['interval_steps']:g} steps"
-            )
-    if "advice" in figures:
-        lines.append(f"advice: {figures['advice']['message']}")
-    cost = figures.get("cost")
-    if cost:
-        lines.append(f"cost to finish: spot {_side(cost['spot'])} vs on demand {_side(cost['on_demand'])}")
-    for flush in figures.get("notice_flush", []):
-        shown = "none" if flush["flush_seconds"] is None else f"{flush['flush_seconds']:.3g} s"
-        lines.append(f"notice flush ({flush['fault']}): {shown} of a {flush['window']:g} s window")
-    return lines
-
-
-def _side(side: dict[str, Any]) -> str:
-    """A cost never shows as zero when a part of it is unknown."""
-    hours = f"{side['wall_hours']:.3g} h"
-    if not side["unknown"]:
-        return f"{side['total_known']:.4g} in {hours}"
-    missing = ", ".join(side["unknown"])
-    if side["total_known"] == 0:
-        return f"unknown ({missing} not given) in {hours}"
-    return f"at least {side['total_known']:.4g} ({missing} unknown) in {hours}"

@@ -1,0 +1,38 @@
+"""Plain-text lines for a scenario's figures (terminal summary); no pytest here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def figure_lines(figures: dict[str, Any]) -> list[str]:
+    lines = []
+    overhead = figures.get("overhead")
+    if overhead:
+        if overhead["fraction"] is None:
+            lines.append(f"overhead unknown: {overhead['unknown_reason']}")
+        else:
+            lines.append(
+                f"overhead {overhead['fraction']:.2%} of training time (budget {overhead['budget']:.2%}); "
+                f"checkpoint {overhead['checkpoint_seconds']:.3g} s every {overhead['interval_steps']:g} steps"
+            )
+    if "advice" in figures:
+        lines.append(f"advice: {figures['advice']['message']}")
+    cost = figures.get("cost")
+    if cost:
+        lines.append(f"cost to finish: spot {_side(cost['spot'])} vs on demand {_side(cost['on_demand'])}")
+    for flush in figures.get("notice_flush", []):
+        shown = "none" if flush["flush_seconds"] is None else f"{flush['flush_seconds']:.3g} s"
+        lines.append(f"notice flush ({flush['fault']}): {shown} of a {flush['window']:g} s window")
+    return lines
+
+
+def _side(side: dict[str, Any]) -> str:
+    """A cost never shows as zero when a part of it is unknown."""
+    hours = f"{side['wall_hours']:.3g} h"
+    if not side["unknown"]:
+        return f"{side['total_known']:.4g} in {hours}"
+    missing = ", ".join(side["unknown"])
+    if side["total_known"] == 0:
+        return f"unknown ({missing} not given) in {hours}"
+    return f"at least {side['total_known']:.4g} ({missing} unknown) in {hours}"
