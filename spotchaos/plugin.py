@@ -19,7 +19,8 @@ from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
 from .options import PROFILES, RunOptions, resolve
 from .plan import Plan
-from .report import build_report, now_iso, write_json
+from .report import build_report, now_iso, write_json, write_text
+from .report_md import render_markdown
 from .runner import BudgetFailure, ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
 from .summary import figure_lines
 
@@ -354,6 +355,12 @@ class _Collector:
         )
         self.config.hook.pytest_spotchaos_report(config=self.config, report=document)
         self.path = write_json(document, self.config.rootpath / state.options.output / "report.json")
+        markdown = render_markdown(document)
+        write_text(markdown, self.path.with_name("report.md"))
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:  # GitHub Actions shows this file on the run's page
+            with open(summary, "a") as f:
+                f.write(markdown)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         tr = terminalreporter

@@ -84,16 +84,19 @@ def build_report(
     }
 
 
-def write_json(document: dict[str, Any], path: Path) -> Path:
+def write_text(text: str, path: Path) -> Path:
     """Write atomically: a reader never sees half a report, even if pytest is killed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(document, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json(document: dict[str, Any], path: Path) -> Path:
+    return write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n", path)

@@ -59,8 +59,15 @@ def test_plain():
 def test_main_job_passes_on_the_reference_and_writes_the_report(pytester):
     pytester.makefile(".toml", pyproject=pyproject())
     pytester.makepyfile(test_s=SCENARIO)
-    result = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-seed=42", "--spotchaos-examples=2")
+    summary = pytester.path / "step-summary.md"
+    summary.write_text("earlier step\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GITHUB_STEP_SUMMARY", str(summary))
+        result = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-seed=42", "--spotchaos-examples=2")
     result.assert_outcomes(passed=1)
+    markdown = (pytester.path / "out" / "report.md").read_text()
+    assert "**1 of 1 scenarios passed**" in markdown and "| ✅ pass | test_s.py::test_resume[ref] |" in markdown
+    assert summary.read_text() == "earlier step\n" + markdown  # appended, not overwritten
     result.stdout.fnmatch_lines(
         [
             "spotchaos: seed 42 (replay with --spotchaos-seed=42)*jobs: ref*",

@@ -1,0 +1,75 @@
+"""The report as Markdown: the CI job summary a person reads first.
+
+Rendered from the JSON document alone (so a saved report renders the same later). Trainer text
+that reaches the tables (failure messages quote values and paths) is escaped for Markdown
+tables: pipes, newlines, backticks and angle brackets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _cell(value: Any) -> str:
+    text = "" if value is None else str(value)
+    for raw, escaped in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
+        text = text.replace(raw, escaped)
+    return " ".join(text.split())  # newlines would end the table row
+
+
+def _verdict(scenario: dict[str, Any]) -> str:
+    if scenario.get("passed"):
+        return "✅ pass"
+    return "❌ error" if scenario.get("error") else "❌ fail"
+
+
+def render_markdown(document: dict[str, Any]) -> str:
+    summary = document.get("summary", {})
+    env = document.get("environment", {})
+    lines = [
+        "# spotchaos report",
+        "",
+        f"**{summary.get('passed', 0)} of {summary.get('scenarios', 0)} scenarios passed** — seed "
+        f"`{document.get('seed')}`, profile `{document.get('profile')}`, {document.get('started')} to "
+        f"{document.get('finished')}",
+        "",
+        f"Python {env.get('python')}, torch {env.get('torch')}, CUDA {env.get('cuda') or 'none'}, "
+        f"{env.get('platform')}, {env.get('cpu_count')} CPUs, commit `{env.get('git_commit') or 'unknown'}`",
+        "",
+        "| verdict | scenario | job | plans | lost steps | failing plan |",
+        "| --- | --- | --- | ---: | ---: | --- |",
+    ]
+    scenarios = document.get("scenarios", [])
+    for s in scenarios:
+        lost = sum(r.get("lost_steps", 0) for r in s.get("runs", []))
+        lines.append(
+            f"| {_verdict(s)} | {_cell(s.get('scenario'))} | {_cell(s.get('job'))} | {s.get('plans_tried', 0)} "
+            f"| {lost} | {_cell(s.get('failing_plan'))} |"
+        )
+    failed = [s for s in scenarios if not s.get("passed")]
+    if failed:
+        lines += ["", "## What went wrong", ""]
+        for s in failed:
+            lines.append(f"### {_cell(s.get('scenario'))}")
+            lines.append("")
+            for failure in (s.get("verdict") or {}).get("failures", []) or [s.get("error") or "failed"]:
+                lines.append(f"- {_cell(failure)}")
+            lines += ["", f"Replay: `{_cell(s.get('replay'))}`", ""]
+    figures = [(s, s.get("figures")) for s in scenarios if s.get("figures")]
+    if figures:
+        lines += ["", "## Figures", "", "| scenario | figure | value |", "| --- | --- | --- |"]
+        for s, f in figures:
+            overhead = f.get("overhead")
+            if overhead:
+                value = (
+                    "unknown: " + str(overhead.get("unknown_reason"))
+                    if overhead.get("fraction") is None
+                    else (f"{overhead['fraction']:.2%} (budget {overhead['budget']:.2%})")
+                )
+                lines.append(f"| {_cell(s['scenario'])} | checkpoint overhead | {_cell(value)} |")
+            if f.get("advice"):
+                lines.append(f"| {_cell(s['scenario'])} | interval advice | {_cell(f['advice'].get('message'))} |")
+            for flush in f.get("notice_flush", []):
+                shown = "none" if flush.get("flush_seconds") is None else f"{flush['flush_seconds']:.3g} s"
+                lines.append(f"| {_cell(s['scenario'])} | notice flush | {shown} of {flush.get('window')} s |")
+    return "\n".join(lines) + "\n"

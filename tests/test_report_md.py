@@ -1,0 +1,50 @@
+"""The Markdown summary: rendered from the JSON alone, trainer text escaped for tables."""
+
+from __future__ import annotations
+
+from spotchaos.report_md import render_markdown
+
+DOCUMENT = {
+    "seed": 42,
+    "profile": "quick",
+    "started": "2026-11-29T10:00:00+00:00",
+    "finished": "2026-11-29T10:05:00+00:00",
+    "environment": {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "platform": "Linux", "cpu_count": 2},
+    "summary": {"scenarios": 2, "passed": 1, "failed": 1},
+    "scenarios": [
+        {
+            "scenario": "s.py::ok[ref]",
+            "job": "ref",
+            "passed": True,
+            "plans_tried": 4,
+            "runs": [{"lost_steps": 3}],
+            "figures": {"overhead": {"fraction": 0.02, "budget": 0.05}},
+        },
+        {
+            "scenario": "s.py::bad[ref]",
+            "job": "ref",
+            "passed": False,
+            "plans_tried": 2,
+            "failing_plan": "sigkill@4",
+            "runs": [{"lost_steps": 1}, {"lost_steps": 2}],
+            "verdict": {"failures": ["loss diverged | <script>alert(1)</script>\nsecond line"]},
+            "replay": "pytest --spotchaos --spotchaos-plan='sigkill@4' 's.py::bad[ref]'",
+        },
+    ],
+}
+
+
+def test_markdown_has_the_verdict_table_failures_figures_and_replay():
+    text = render_markdown(DOCUMENT)
+    assert "**1 of 2 scenarios passed**" in text and "seed `42`" in text
+    assert "| ✅ pass | s.py::ok[ref] | ref | 4 | 3 |  |" in text
+    assert "| ❌ fail | s.py::bad[ref] | ref | 2 | 3 | sigkill@4 |" in text
+    assert "Replay: `pytest --spotchaos --spotchaos-plan='sigkill@4' 's.py::bad[ref]'`" in text
+    assert "| s.py::ok[ref] | checkpoint overhead | 2.00% (budget 5.00%) |" in text
+
+
+def test_trainer_text_cannot_break_the_table_or_inject_html():
+    text = render_markdown(DOCUMENT)
+    line = next(x for x in text.splitlines() if x.startswith("- loss diverged"))
+    assert "\\|" in line and "<script>" not in text and "&lt;script&gt;" in line
+    assert "second line" in line  # the newline became a space: still one list item
