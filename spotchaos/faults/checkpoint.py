@@ -15,7 +15,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -61,6 +61,15 @@ class CheckpointSet:
     def data_files_of(cls, checkpoint: Path) -> list[Path]:
         files = cls.files_of(checkpoint)
         return [f for f in files if f.name != MANIFEST] or files
+
+
+class CheckpointFault(Protocol):
+    """Damages the newest of ``checkpoints``; raises ValueError when there is nothing it can damage."""
+
+    @property
+    def name(self) -> str: ...
+
+    def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage: ...
 
 
 def _choose(items: list[Path], pick: float) -> Path:
@@ -216,7 +225,7 @@ class LatestPointer:
         return Damage(self.name, str(checkpoints.newest), LATEST, makes_unloadable=False)
 
 
-CHECKPOINT_FAULTS: dict[str, object] = {
+CHECKPOINT_FAULTS: dict[str, CheckpointFault] = {
     fault.name: fault
     for fault in (
         *(Truncate(kind) for kind in Truncate.KINDS),
