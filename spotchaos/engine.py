@@ -216,6 +216,7 @@ def _run_attempt(
         orphans = handle.survivors()
     finally:
         handle.cleanup()
+        reader.close()
     if reader.torn_tail and watch.fault is None:
         raise JobError(
             f"job {job.name!r} left an unfinished event line in {events_path.name}: "

@@ -58,25 +58,31 @@ class EventReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._offset = 0
+        self._file = None  # opened once the trainer has created the file, then kept: polls are hot
         self._pending = b""
         self._line_number = 0
         self.events: list[Event] = []
 
     def read_new(self) -> list[Event]:
         """Parse every line completed since the last call."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb")
+            except FileNotFoundError:
+                return []
+        chunk = self._file.read()
+        if not chunk:
             return []
-        self._offset += len(chunk)
         data = self._pending + chunk
         *lines, self._pending = data.split(b"\n")
         new = [self._parse(line) for line in lines if line.strip()]
         self.events.extend(new)
         return new
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     @property
     def torn_tail(self) -> bytes:

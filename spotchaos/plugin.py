@@ -242,14 +242,9 @@ class Scenario:
             def measure(fn):
                 return benchmark.pedantic(fn, rounds=1, iterations=1)
 
-        def action() -> None:
-            figures = self.runner.check_overhead(job, record, measure)
-            if benchmark is not None:
-                benchmark.extra_info.update(_benchmark_info(figures))
-
         try:
-            self._guard(record, action)
-        finally:
+            self._guard(record, lambda: self.runner.check_overhead(job, record, measure))
+        finally:  # a failing budget still reports its figures
             if benchmark is not None and record.figures:
                 benchmark.extra_info.update(_benchmark_info(record.figures))
 

@@ -199,13 +199,23 @@ class ChaosRunner:
 
     def trace(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, list[list[dict[str, Any]]]]:
         """Run with every file-system event under the checkpoint directory logged, per attempt."""
-        workdir = self._next_dir(f"{job.name}-trace")
-        options = EngineOptions(root=self.root, trace_fs=True)
-        record = run_job(job, plan, workdir, options)
-        logs = [read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.attempts]
-        if not self.keep_passing:
-            shutil.rmtree(workdir, ignore_errors=True)
+        logs: list[list[dict[str, Any]]] = []
+
+        def read_logs(record: RunRecord) -> None:
+            workdir = Path(record.workdir)
+            logs.extend(read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.attempts)
+
+        record = self._run_once(job, plan, "trace", EngineOptions(root=self.root, trace_fs=True), read_logs)
         return record, logs
+
+    def _run_once(self, job: JobSpec, plan: Plan, label: str, options: EngineOptions, inspect=None) -> RunRecord:
+        """A run whose directory is only needed while ``inspect`` reads it (kept with keep_passing)."""
+        record = run_job(job, plan, self._next_dir(f"{job.name}-{label}"), options)
+        if inspect is not None:
+            inspect(record)
+        if not self.keep_passing:
+            shutil.rmtree(record.workdir, ignore_errors=True)
+        return record
 
     def save_boundaries(self, job: JobSpec) -> list[dict[str, Any]]:
         """Every file-system event of one checkpoint save of the uninterrupted run: the first save
@@ -238,10 +248,7 @@ class ChaosRunner:
 
     def fresh_run(self, job: JobSpec) -> RunRecord:
         """One more uninterrupted run (the overhead scenario measures on it)."""
-        record = run_job(job, Plan(), self._next_dir(f"{job.name}-measure"), self._options())
-        if not self.keep_passing:
-            shutil.rmtree(record.workdir, ignore_errors=True)
-        return record
+        return self._run_once(job, Plan(), "measure", self._options())
 
     def timing_run(self, job: JobSpec) -> RunRecord:
         """A run with one SIGTERM half-way, cached per job: notice flush and restart latency.

@@ -121,10 +121,12 @@ def _resume_points(attempts: list[Attempt]) -> dict[int, int | None]:
     return points
 
 
-def find_divergence(reference: RunRecord, chaos: RunRecord) -> Divergence | None:
+def find_divergence(
+    reference: RunRecord, chaos: RunRecord, resumed: dict[int, int | None] | None = None
+) -> Divergence | None:
     """The chronologically first step occurrence in ``chaos`` that differs from the reference."""
     by_step = {s.step: s for s in reference.steps}
-    resumed = _resume_points(chaos.attempts)
+    resumed = resumed if resumed is not None else _resume_points(chaos.attempts)
     for got in chaos.steps:
         ref = by_step.get(got.step)
         if ref is None:
@@ -153,9 +155,8 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
         if fault is None or fault.grace_seconds is None:
             continue
         ckpts = [e["step"] for e in attempt.of_kind("checkpoint") if e["step"] >= fault.observed_step]
-        ok = not fault.grace_exceeded and attempt.exit_code == 0 and bool(ckpts)
-        if attempt.final is not None:  # training ended before the notice could matter
-            ok = ok or (attempt.exit_code == 0 and not fault.grace_exceeded)
+        # a checkpoint after the signal, unless training ended before the notice could matter
+        ok = not fault.grace_exceeded and attempt.exit_code == 0 and (bool(ckpts) or attempt.final is not None)
         results.append(
             GraceResult(
                 attempt=attempt.index,
@@ -234,7 +235,7 @@ def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome
             f"attempt {attempt.index} resumed after step {start}, but the newest intact checkpoint was after step "
             f"{expected} ({what}): {cause}work was lost"
         )
-    elif damage.makes_unloadable and damage.fault != "delete-newest" and start == expected and not rolled_back:
+    elif damage.needs_rollback and start == expected and not rolled_back:
         problem = (
             f"attempt {attempt.index} skipped the damaged checkpoint ({what}) without saying so: "
             "report a 'rollback' event (probe.rollback) when a checkpoint does not verify"
@@ -254,13 +255,12 @@ def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome
     )
 
 
-def _resume_checks(chaos: RunRecord) -> tuple[list[str], list[DamageOutcome]]:
+def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[list[str], list[DamageOutcome]]:
     """Each restart must resume from the newest checkpoint that is durable and intact: the newest
     reported durable, or, after a checkpoint fault, the newest one the fault left intact."""
     failures: list[str] = []
     outcomes: list[DamageOutcome] = []
     durable: int | None = None
-    resumed = _resume_points(chaos.attempts)
     previous: Attempt | None = None
     damage: Damage | None = None  # applied before a restart, judged at the first restart that resumes
     for attempt in chaos.attempts:
@@ -303,7 +303,8 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     missing = sorted(set(ref_steps) - got_steps)
     unexpected = sorted(got_steps - set(ref_steps))
 
-    divergence = find_divergence(reference, chaos)
+    resumed = _resume_points(chaos.attempts)
+    divergence = find_divergence(reference, chaos, resumed)
     if divergence is not None:
         failures.append(divergence.describe())
     if missing:
@@ -325,7 +326,7 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     grace = _grace_results(chaos)
     attempts = {a.index: a for a in chaos.attempts}
     failures.extend(_grace_failure(g, attempts[g.attempt]) for g in grace if not g.ok)
-    resume_failures, damage = _resume_checks(chaos)
+    resume_failures, damage = _resume_checks(chaos, resumed)
     failures.extend(resume_failures)
 
     return Verdict(

@@ -31,6 +31,7 @@ class Damage:
     file: str | None = None  # the file touched, relative to the checkpoint
     detail: str = ""
     makes_unloadable: bool = True  # False: the checkpoint itself stays intact (a stale pointer)
+    needs_rollback: bool = True  # the job must say it skipped it (False when nothing is left to skip)
     previous: str | None = None  # the checkpoint a pointer fault points at instead
     applied: bool = True  # False: nothing to damage yet (the detail says why)
     damaged_step: int | None = None  # step of the damaged checkpoint (filled in by the engine)
@@ -138,7 +139,7 @@ class DeleteNewest:
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         newest = checkpoints.newest
         shutil.rmtree(newest) if newest.is_dir() else newest.unlink()
-        return Damage(self.name, str(newest), detail="the whole checkpoint")
+        return Damage(self.name, str(newest), detail="the whole checkpoint", needs_rollback=False)
 
 
 @dataclass(frozen=True)
@@ -219,10 +220,17 @@ class LatestPointer:
             if previous is None:
                 raise ValueError("stale-latest needs two checkpoints")
             pointer.write_text(previous.name + "\n")
-            return Damage(self.name, str(checkpoints.newest), LATEST, makes_unloadable=False, previous=str(previous))
+            return Damage(
+                self.name,
+                str(checkpoints.newest),
+                LATEST,
+                makes_unloadable=False,
+                needs_rollback=False,
+                previous=str(previous),
+            )
         text = pointer.read_text()
         pointer.write_text(text[: max(1, len(text) // 2)])
-        return Damage(self.name, str(checkpoints.newest), LATEST, makes_unloadable=False)
+        return Damage(self.name, str(checkpoints.newest), LATEST, makes_unloadable=False, needs_rollback=False)
 
 
 CHECKPOINT_FAULTS: dict[str, CheckpointFault] = {
