@@ -20,6 +20,7 @@ from typing import Any
 from .cost import MAX_PRICE, PRICE_KEYS, CostInputs
 from .errors import ConfigError
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
+from .redact import secret_values
 
 PYTHON_ALIASES = ("python", "python3")
 
@@ -82,6 +83,10 @@ class JobSpec:
 
     def environment(self) -> dict[str, str]:
         return dict(self.env)
+
+    def secrets(self) -> list[str]:
+        """Values of this job's environment that the report must never show."""
+        return secret_values(self.environment())
 
     def key(self) -> str:
         """Identifies everything that shapes the trajectory; the reference run is cached by it."""

@@ -22,3 +22,7 @@ class JobError(SpotchaosError):
 
 class BackendError(SpotchaosError):
     """The machinery that runs jobs (process spawning, a Docker daemon) failed."""
+
+
+class ReportError(SpotchaosError):
+    """A saved report cannot be read: missing, truncated, not ours, or from a newer schema."""

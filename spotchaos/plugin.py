@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,12 @@ import pytest
 from . import hooks
 from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
+from .history import HISTORY_DIR, save_run
 from .options import PROFILES, RunOptions, resolve
 from .plan import Plan
+from .redact import redact, secret_values
 from .report import build_report, now_iso, write_json, write_text
+from .report_html import render_html
 from .report_md import render_markdown
 from .runner import BudgetFailure, ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
 from .summary import figure_lines
@@ -35,6 +38,11 @@ class _State:
     runner: ChaosRunner
     started: str
     scenarios: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def secrets(self) -> list[str]:
+        """Values no output may show: the jobs' secret-named variables, and the session's own."""
+        return [s for job in _selected(self) for s in job.secrets()] + secret_values(os.environ)
 
 
 STATE = pytest.StashKey[_State]()
@@ -117,7 +125,10 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     except ConfigError as exc:
         raise pytest.UsageError(f"spotchaos: {exc}") from None
-    if cache is not None:
+    worker_seed = getattr(config, "workerinput", {}).get("spotchaos_seed")
+    if worker_seed is not None:  # an xdist worker searches with the controller's seed
+        options = replace(options, seed=worker_seed)
+    elif cache is not None:
         cache.set(CACHE_SEED, options.seed)
     # Runs live beside the report, so a failure's logs and checkpoints are easy to find.
     stamp = f"{now_iso().replace(':', '')}-{os.getpid()}"
@@ -321,8 +332,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError | ChaosFailure | BudgetFailure):
         notes = getattr(call.excinfo.value, "__notes__", [])
         replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
-        report.longrepr = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
+        text = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
+        report.longrepr = redact(text, state.secrets)  # the terminal and JUnit XML show it
     return report
+
+
+def _junit_xml(config: pytest.Config):
+    """The junitxml plugin's writer when --junitxml is on (its stash key is not public API)."""
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # a future pytest moved it: lose the properties, not the session
+        return None
+    return config.stash.get(xml_key, None)
 
 
 class _Collector:
@@ -332,6 +353,22 @@ class _Collector:
         self.config = config
         self.state = state
         self.path: Path | None = None
+        self.saved: Path | None = None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """pytest-xdist: every worker searches with this session's seed, so one seed replays all."""
+        node.workerinput["spotchaos_seed"] = self.state.options.seed
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Seed and report path as JUnit global properties, for CI systems that read only the XML."""
+        xml = _junit_xml(self.config)
+        if xml is not None:
+            xml.add_global_property("spotchaos_seed", str(self.state.options.seed))
+            xml.add_global_property("spotchaos_report", str(self._report_path()))
+
+    def _report_path(self) -> Path:
+        return self.config.rootpath / self.state.options.output / "report.json"
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.state.scenarios.extend(getattr(report, "spotchaos_records", None) or [])
@@ -340,18 +377,23 @@ class _Collector:
         if hasattr(self.config, "workerinput"):
             return  # an xdist worker sends its records to the controller, which writes once
         state = self.state
+        jobs = _selected(state)
         document = build_report(
             root=self.config.rootpath,
             seed=state.options.seed,
             profile=state.options.profile,
-            jobs=[j.describe() for j in _selected(state)],
+            jobs=[j.describe() for j in jobs],
             scenarios=state.scenarios,
             started=state.started,
+            secrets=state.secrets,
         )
         self.config.hook.pytest_spotchaos_report(config=self.config, report=document)
-        self.path = write_json(document, self.config.rootpath / state.options.output / "report.json")
+        self.path = write_json(document, self._report_path())
         markdown = render_markdown(document)
         write_text(markdown, self.path.with_name("report.md"))
+        write_text(render_html(document), self.path.with_name("report.html"))
+        if state.scenarios:  # a session that ran nothing is not worth comparing against
+            self.saved = save_run(document, self.config.rootpath / HISTORY_DIR)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:  # GitHub Actions shows this file on the run's page
             with open(summary, "a") as f:
@@ -368,6 +410,8 @@ class _Collector:
             for line in figure_lines(s.get("figures") or {}):
                 tr.write_line(f"          {line}")
         if self.path is not None:
-            tr.write_line(f"report: {self.path}")
+            tr.write_line(f"report: {self.path} (and report.md, report.html beside it)")
+        if self.saved is not None:
+            tr.write_line(f"saved as {self.saved} (compare runs with: spotchaos compare previous latest)")
         seed = self.state.options.seed
         tr.write_line(f"seed: {seed} (replay with --spotchaos-seed={seed})")

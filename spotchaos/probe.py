@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -121,6 +122,28 @@ def checkpoint_dir_from_env(default: str | None = None) -> str | None:
     return default
 
 
+def memory_peaks() -> dict[str, int | None]:
+    """Peak resident memory of this process and, when torch uses CUDA, peak GPU memory (bytes).
+
+    Reported at checkpoints and at the end, so a preempted attempt still tells its peak.
+    """
+    peaks: dict[str, int | None] = {"max_rss": None, "gpu_max_allocated": None}
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peaks["max_rss"] = rss if sys.platform == "darwin" else rss * 1024  # KiB on Linux, bytes on macOS
+    except (ImportError, OSError):
+        pass
+    torch = sys.modules.get("torch")  # never import torch just to ask
+    try:
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            peaks["gpu_max_allocated"] = int(torch.cuda.max_memory_allocated())
+    except Exception:  # a broken CUDA runtime must not break the trainer's checkpoint
+        pass
+    return peaks
+
+
 class Probe:
     """Appends contract events for one attempt of one run.
 
@@ -189,7 +212,15 @@ class Probe:
 
         ``reason`` is ``periodic`` or ``preemption`` (written because of SIGTERM).
         """
-        self.emit("checkpoint", step=int(step), seconds=float(seconds), bytes=int(nbytes), uri=uri, reason=reason)
+        self.emit(
+            "checkpoint",
+            step=int(step),
+            seconds=float(seconds),
+            bytes=int(nbytes),
+            uri=uri,
+            reason=reason,
+            memory=memory_peaks(),
+        )
 
     def resume(self, from_step: int, uri: str) -> None:
         """Training continues after step ``from_step``, restored from ``uri``."""
@@ -201,7 +232,7 @@ class Probe:
 
     def final(self, tensors: Mapping[str, Any], *, step: int) -> None:
         """Training finished after step ``step``; ``tensors`` are the weights (and any state) to compare."""
-        self.emit("final", step=int(step), digests=tensor_digests(tensors))
+        self.emit("final", step=int(step), digests=tensor_digests(tensors), memory=memory_peaks())
 
     def close(self) -> None:
         if self._fd is not None:

@@ -7,6 +7,8 @@ and a command line that replays it. ``schema_version`` changes whenever a field 
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .errors import ReportError
+from .redact import redact
 
 SCHEMA_VERSION = 1
 
@@ -32,16 +36,59 @@ def _git_commit(root: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _os_name() -> str:
+    try:
+        return platform.freedesktop_os_release().get("PRETTY_NAME") or platform.system()
+    except OSError:
+        return f"{platform.system()} {platform.release()}"
+
+
+def _packages_digest() -> tuple[str, int]:
+    """One hash of every installed distribution and its version: equal hashes, equal environments."""
+    names = sorted(f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in importlib.metadata.distributions())
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16], len(names)
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
 def environment(root: Path) -> dict[str, Any]:
-    """What the verdicts were measured on; torch is described only if it is importable."""
+    """What the verdicts were measured on; torch and the GPU are described only if present."""
+    digest, count = _packages_digest()
     env: dict[str, Any] = {
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
+        "os": _os_name(),
         "machine": platform.machine(),
+        "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "spotchaos": __version__,
         "git_commit": _git_commit(root),
+        "packages_sha256": digest,
+        "packages": count,
     }
     try:
         import torch
@@ -49,8 +96,13 @@ def environment(root: Path) -> dict[str, Any]:
         env["torch"] = torch.__version__
         env["cuda"] = torch.version.cuda
         env["cuda_available"] = torch.cuda.is_available()
+        env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
         if torch.cuda.is_available():
-            env["gpu"] = torch.cuda.get_device_name(0)
+            props = torch.cuda.get_device_properties(0)
+            env["gpu"] = props.name
+            env["gpu_memory_bytes"] = props.total_memory
+            env["gpu_count"] = torch.cuda.device_count()
+            env["nvidia_driver"] = _nvidia_driver()
     except ImportError:
         env["torch"] = None
     return env
@@ -68,20 +120,80 @@ def build_report(
     jobs: list[dict[str, Any]],
     scenarios: list[dict[str, Any]],
     started: str,
+    secrets: list[str] | None = None,
+    containers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """The whole document, with every secret (and its first 8 characters) redacted."""
     passed = sum(1 for s in scenarios if s.get("passed"))
-    return {
+    env = environment(root)
+    if containers:
+        env["containers"] = containers  # image names and digests when jobs ran in Docker
+    document = {
         "schema_version": SCHEMA_VERSION,
         "tool": "spotchaos",
         "started": started,
         "finished": now_iso(),
         "seed": seed,
         "profile": profile,
-        "environment": environment(root),
+        "environment": env,
         "jobs": jobs,
         "summary": {"scenarios": len(scenarios), "passed": passed, "failed": len(scenarios) - passed},
         "scenarios": scenarios,
+        "decision": decide(scenarios),
     }
+    return redact(document, secrets or [])
+
+
+def decide(scenarios: list[dict[str, Any]]) -> dict[str, str]:
+    """Continue, change or roll back: what the run says about shipping this trainer.
+
+    A failed resume verdict means the job would lose or corrupt work on a real preemption (change
+    the trainer); a failed budget only costs money or grace headroom (change the configuration).
+    ``spotchaos compare`` decides "roll back" against a baseline.
+    """
+    if not scenarios:
+        return {"decision": "unknown", "why": "no scenario ran"}
+    broken = [s["scenario"] for s in scenarios if not s.get("passed") and (s.get("verdict") or s.get("error"))]
+    over_budget = [s["scenario"] for s in scenarios if not s.get("passed") and s["scenario"] not in broken]
+    if broken:
+        return {"decision": "change", "why": f"{len(broken)} scenario(s) did not resume correctly: fix the trainer"}
+    if over_budget:
+        return {"decision": "change", "why": f"{len(over_budget)} scenario(s) over budget: change the configuration"}
+    return {"decision": "continue", "why": f"all {len(scenarios)} scenario(s) passed"}
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    """Read a saved report, refusing what this version cannot read correctly.
+
+    A report from a newer schema might mean something else by the same field; a truncated file
+    (pytest killed mid-write by an older tool, a partial download) must not render as a pass.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read the report: {exc.strerror or exc}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        ends = text.rstrip()[-1:]
+        truncated = "" if ends == "}" else f" (it looks truncated: it ends in {text.rstrip()[-20:]!r}, not '}}')"
+        raise ReportError(
+            f"{path}: not a valid JSON report{truncated}: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    if not isinstance(document, dict) or document.get("tool") != "spotchaos":
+        raise ReportError(f'{path}: not a spotchaos report (no "tool": "spotchaos" field)')
+    version = document.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ReportError(f"{path}: the report has no integer schema_version")
+    if version > SCHEMA_VERSION:
+        raise ReportError(
+            f"{path}: written with report schema {version}, but this spotchaos ({__version__}) reads "
+            f"schema {SCHEMA_VERSION} and older: upgrade spotchaos to read it"
+        )
+    for key, kind in (("scenarios", list), ("summary", dict), ("environment", dict)):
+        if not isinstance(document.get(key), kind):
+            raise ReportError(f"{path}: the report's {key!r} is missing or not a {kind.__name__}")
+    return document
 
 
 def write_text(text: str, path: Path) -> Path:

@@ -23,6 +23,11 @@ def _verdict(scenario: dict[str, Any]) -> str:
     return "❌ error" if scenario.get("error") else "❌ fail"
 
 
+def _decision(document: dict[str, Any]) -> str:
+    decision = document.get("decision") or {"decision": "unknown", "why": "not recorded"}
+    return f"**Decision: {_cell(decision.get('decision'))}** — {_cell(decision.get('why'))}"
+
+
 def render_markdown(document: dict[str, Any]) -> str:
     summary = document.get("summary", {})
     env = document.get("environment", {})
@@ -35,6 +40,8 @@ def render_markdown(document: dict[str, Any]) -> str:
         "",
         f"Python {env.get('python')}, torch {env.get('torch')}, CUDA {env.get('cuda') or 'none'}, "
         f"{env.get('platform')}, {env.get('cpu_count')} CPUs, commit `{env.get('git_commit') or 'unknown'}`",
+        "",
+        _decision(document),
         "",
         "| verdict | scenario | job | plans | lost steps | failing plan |",
         "| --- | --- | --- | ---: | ---: | --- |",

@@ -70,6 +70,7 @@ class ScenarioRecord:
     runs: list[dict[str, Any]] = field(default_factory=list)
     reference: dict[str, Any] | None = None
     figures: dict[str, Any] = field(default_factory=dict)  # overhead, advice, cost, notice flush
+    trajectory: dict[str, Any] | None = None  # the run shown in the plots: the failing one, else the last
 
 
 @dataclass
@@ -343,6 +344,7 @@ def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, 
         "faults": [f.__dict__ for f in run.faults],
         "damage": [asdict(d) for d in verdict.damage],  # each checkpoint fault and what the job did
         "restart_seconds": [a.start_seconds for a in run.attempts[1:]],
+        "memory": run.memory_peaks(),
     }
     record.runs.append(summary)
     if record.reference is None:
@@ -350,6 +352,13 @@ def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, 
             "wall_seconds": round(reference.wall_seconds, 3),
             "steps": len(reference.steps),
             "start_seconds": reference.attempts[0].start_seconds,
+            "memory": reference.memory_peaks(),
+        }
+    if record.passed or not verdict.passed:  # the plots show the last failing run (the minimal plan), else the last
+        record.trajectory = {
+            "plan": str(plan),
+            "reference": [[step, loss] for _, step, loss in reference.series()["points"]],
+            **run.series(),
         }
     if not verdict.passed:
         record.passed = False

@@ -97,9 +97,54 @@ class RunRecord:
     def faults(self) -> list[FaultRecord]:
         return [a.fault for a in self.attempts if a.fault is not None]
 
+    def memory_peaks(self) -> dict[str, int | None]:
+        """The highest memory any attempt reported (None when the trainer reports none)."""
+        peaks: dict[str, int | None] = {"max_rss": None, "gpu_max_allocated": None}
+        for attempt in self.attempts:
+            for event in attempt.events:
+                for key, value in (event.get("memory") or {}).items():
+                    if key in peaks and isinstance(value, int):
+                        peaks[key] = max(value, peaks[key] or 0)
+        return peaks
+
+    def series(self) -> dict[str, Any]:
+        """The loss trajectory and its marks (preemptions, resumes, rollbacks), for the report's plots.
+
+        Losses are floats here (the verdict compares the exact hex strings); an attempt's marks
+        carry its index so a plot can tell the attempts apart.
+        """
+        marks: list[dict[str, Any]] = []
+        for attempt in self.attempts:
+            for event in attempt.events:
+                if event["event"] == "resume":
+                    marks.append({"kind": "resume", "attempt": attempt.index, "step": event["from_step"]})
+                elif event["event"] == "rollback":
+                    resumed = next((e["from_step"] for e in attempt.of_kind("resume")), None)
+                    marks.append(
+                        {"kind": "rollback", "attempt": attempt.index, "step": resumed, "reason": event.get("reason")}
+                    )
+            if attempt.fault is not None:
+                marks.append(
+                    {
+                        "kind": "preemption",
+                        "attempt": attempt.index,
+                        "step": attempt.fault.observed_step,
+                        "fault": attempt.fault.fault,
+                    }
+                )
+        points = [[s.attempt, s.step, _loss_value(s.loss)] for s in self.steps]
+        return {"points": points, "marks": marks}
+
     def to_dict(self, *, with_events: bool = False) -> dict[str, Any]:
         data = asdict(self)
         if not with_events:
             for attempt in data["attempts"]:
                 attempt.pop("events")
         return data
+
+
+def _loss_value(loss: Any) -> float | None:
+    try:
+        return float.fromhex(loss) if isinstance(loss, str) else float(loss)
+    except (TypeError, ValueError):
+        return None

@@ -72,7 +72,8 @@ def test_main_job_passes_on_the_reference_and_writes_the_report(pytester):
         [
             "spotchaos: seed 42 (replay with --spotchaos-seed=42)*jobs: ref*",
             "bit-exact test_s.py::test_resume[[]ref[]]  plans=2*",
-            "report: *out/report.json",
+            "report: *out/report.json (and report.md, report.html beside it)",
+            "saved as *.spotchaos/0001_nocommit_*.json*",
         ]
     )
     doc = report(pytester)

@@ -1,0 +1,100 @@
+"""``spotchaos``: re-render, list and compare saved reports without running anything.
+
+Exit status: 0 fine, 1 a regression under ``--fail-on``, 2 a usage or report error (one line
+on stderr naming the file and the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .compare import METRICS, FailRule, compare
+from .errors import SpotchaosError
+from .history import HISTORY_DIR, SAVED, resolve_run, saved_runs
+from .report import load_report, write_text
+from .report_html import render_html
+from .report_md import render_markdown
+
+RENDERERS = {"md": render_markdown, "html": render_html}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spotchaos", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--dir", default=HISTORY_DIR, help=f"where saved runs live (default: {HISTORY_DIR}, as pytest saves them)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    report = commands.add_parser("report", help="render a report.json (or a saved run) as Markdown or HTML")
+    report.add_argument("path", help="report file, saved run number, 'latest' or 'previous'")
+    report.add_argument("--format", choices=sorted(RENDERERS), default="html")
+    report.add_argument("-o", "--output", help="file to write (default: stdout for md, beside PATH for html)")
+
+    compare_cmd = commands.add_parser("compare", help="what changed from run A to run B")
+    compare_cmd.add_argument("before", help="report file, saved run number, 'latest' or 'previous'")
+    compare_cmd.add_argument("after", help="report file, saved run number, 'latest' or 'previous'")
+    compare_cmd.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="exit 1 on this regression: 'verdict' (a pass became a failure) or METRIC:PCT%% "
+        f"(grew by more than PCT %%), METRIC one of {', '.join(METRICS)}; repeatable",
+    )
+
+    commands.add_parser("list", help="the saved runs")
+    return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    path = resolve_run(args.path, Path(args.dir))
+    text = RENDERERS[args.format](load_report(path))
+    output = args.output
+    if output is None and args.format == "html":
+        output = str(path.with_suffix(".html"))
+    if output is None or output == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(text, Path(output))
+        print(output)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    rules = [FailRule.parse(r) for r in args.fail_on]
+    directory = Path(args.dir)
+    before_path, after_path = resolve_run(args.before, directory), resolve_run(args.after, directory)
+    result = compare(load_report(before_path), load_report(after_path), rules)
+    print(f"before: {before_path}\nafter:  {after_path}")
+    if not result.changes:
+        print("no change")
+    for change in result.changes:
+        print(f"  {change.describe()}")
+    print(f"decision: {result.decision()}" + (f" ({len(result.regressions)} regression(s))" if rules else ""))
+    return 1 if result.regressions else 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    runs = saved_runs(Path(args.dir))
+    if not runs:
+        print(f"no saved runs in {args.dir} (pytest --spotchaos saves one per session)")
+    for run in runs:
+        counter, commit, stamp = SAVED.match(run.name).groups()
+        print(f"{int(counter):4d}  {commit:8}  {stamp}  {run}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"report": _report, "compare": _compare, "list": _list}[args.command]
+    try:
+        return handler(args)
+    except SpotchaosError as exc:
+        print(f"spotchaos {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

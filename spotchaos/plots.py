@@ -1,0 +1,77 @@
+"""The report's plots: loss of the reference and the chaos run overlaid, and the divergence zoomed in.
+
+matplotlib with the Agg backend (no display is needed on a CI runner); each plot comes back as
+PNG bytes so the HTML page can embed it and stay a single self-contained file.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)  # a script that already chose a backend keeps it
+
+import matplotlib.pyplot as plt
+
+REFERENCE_COLOUR = "#1f77b4"
+ATTEMPT_COLOURS = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+MARK_STYLES = {
+    "preemption": {"color": "#d62728", "linestyle": "--"},
+    "resume": {"color": "#2ca02c", "linestyle": ":"},
+    "rollback": {"color": "#ff9900", "linestyle": "-."},
+}
+ZOOM_HALF_WIDTH = 4  # steps either side of the first divergence
+
+
+def _png(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _draw(ax, trajectory: dict[str, Any], window: tuple[float, float] | None = None) -> None:
+    def inside(step: float) -> bool:
+        return window is None or window[0] <= step <= window[1]
+
+    reference = [(s, v) for s, v in trajectory.get("reference", []) if v is not None and inside(s)]
+    if reference:
+        ax.plot(*zip(*reference, strict=True), color=REFERENCE_COLOUR, linewidth=2, label="reference (uninterrupted)")
+    attempts = sorted({a for a, _, _ in trajectory.get("points", [])})
+    for index in attempts:
+        points = [(s, v) for a, s, v in trajectory["points"] if a == index and v is not None and inside(s)]
+        if points:
+            colour = ATTEMPT_COLOURS[index % len(ATTEMPT_COLOURS)]
+            ax.plot(*zip(*points, strict=True), "o", color=colour, markersize=4, label=f"attempt {index}")
+    shown: set[str] = set()
+    for mark in trajectory.get("marks", []):
+        step = mark.get("step")
+        if step is None or not inside(step):
+            continue
+        label = None if mark["kind"] in shown else mark["kind"]
+        shown.add(mark["kind"])
+        # a preemption lands after the step it observed; a resume continues after its checkpoint step
+        ax.axvline(step + 0.5, linewidth=1.2, label=label, **MARK_STYLES.get(mark["kind"], {}))
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+
+
+def trajectory_png(trajectory: dict[str, Any], title: str) -> bytes:
+    """Reference and chaos run overlaid, with preemptions, resumes and rollbacks marked."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    _draw(ax, trajectory)
+    ax.set_title(title, fontsize=9)
+    return _png(fig)
+
+
+def divergence_png(trajectory: dict[str, Any], step: int, title: str) -> bytes:
+    """A few steps either side of the first divergence, where the two curves part."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.0))
+    _draw(ax, trajectory, (step - ZOOM_HALF_WIDTH, step + ZOOM_HALF_WIDTH))
+    ax.axvspan(step - 0.5, step + 0.5, color="#d62728", alpha=0.12)
+    ax.set_title(title, fontsize=9)
+    return _png(fig)

@@ -1,0 +1,122 @@
+"""The report as one self-contained HTML page, for the person who has to decide what broke.
+
+Rendered from the JSON document alone, so ``spotchaos report`` re-renders a saved run the same
+way. Jinja2 with autoescape on: trainer output (error messages quote stderr) reaches the page,
+and a ``<script>`` in a log must stay text. ANSI colour codes are stripped first; plots are PNGs
+embedded as data URIs, so the file can be attached to a CI run and opened anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any
+
+import jinja2
+
+from .plots import divergence_png, trajectory_png
+from .summary import figure_lines
+
+ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("spotchaos", "templates"),
+    autoescape=True,  # the template is HTML whatever its file suffix
+    undefined=jinja2.ChainableUndefined,  # older schema-1 reports lack newer optional fields
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def strip_terminal_codes(value: Any) -> Any:
+    """Text with ANSI escapes and other control characters removed (recursively)."""
+    if isinstance(value, str):
+        return CONTROL.sub("", ANSI_ESCAPE.sub("", value))
+    if isinstance(value, dict):
+        return {k: strip_terminal_codes(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strip_terminal_codes(v) for v in value]
+    return value
+
+
+def _verdict_word(scenario: dict[str, Any]) -> str:
+    if scenario.get("passed"):
+        return "pass"
+    return "error" if scenario.get("error") else "fail"
+
+
+def _lost_steps(scenario: dict[str, Any]) -> int:
+    return sum(r.get("lost_steps", 0) for r in scenario.get("runs", []))
+
+
+def _mib(memory: dict[str, Any] | None) -> str:
+    rss = (memory or {}).get("max_rss")
+    text = "?" if rss is None else f"{rss / 2**20:.0f} MiB"
+    gpu = (memory or {}).get("gpu_max_allocated")
+    return text if gpu is None else f"{text} (GPU {gpu / 2**20:.0f} MiB)"
+
+
+def _job_text(job: dict[str, Any]) -> str:
+    return json.dumps(job, indent=2, sort_keys=True, default=str)
+
+
+def _plots(scenario: dict[str, Any], divergence: dict[str, Any] | None) -> list[dict[str, str]]:
+    trajectory = scenario.get("trajectory")
+    if not trajectory or not trajectory.get("points"):
+        return []
+    name = scenario.get("scenario", "")
+    plots = [
+        {
+            "alt": f"loss trajectory of {name}: reference and chaos run",
+            "png": trajectory_png(trajectory, f"{scenario.get('job')}: plan {trajectory.get('plan') or 'none'}"),
+        }
+    ]
+    if divergence and isinstance(divergence.get("step"), int):
+        step = divergence["step"]
+        plots.append(
+            {
+                "alt": f"divergence of {name} at step {step}",
+                "png": divergence_png(trajectory, step, f"first divergence: step {step} ({divergence.get('field')})"),
+            }
+        )
+    for plot in plots:
+        plot["png"] = base64.b64encode(plot["png"]).decode("ascii")
+    return plots
+
+
+def _scenario_view(scenario: dict[str, Any]) -> dict[str, Any]:
+    verdict = scenario.get("verdict") or {}
+    divergence = verdict.get("first_divergence")
+    failures = [] if scenario.get("passed") else (verdict.get("failures") or [])
+    return {
+        **scenario,
+        "runs": scenario.get("runs") or [],
+        "failures": failures,
+        "divergence": divergence,
+        "trajectory": scenario.get("trajectory"),
+        "plots": _plots(scenario, divergence),
+        "figure_lines": figure_lines(scenario.get("figures") or {}),
+        "error": scenario.get("error"),
+        "failing_plan": scenario.get("failing_plan"),
+        "replay": scenario.get("replay", ""),
+    }
+
+
+def render_html(document: dict[str, Any]) -> str:
+    """The page for one report document (already redacted by ``build_report``)."""
+    document = strip_terminal_codes(document)
+    environment = document.get("environment") or {}
+    return _ENV.get_template("report.html.j2").render(
+        document=document,
+        summary=document.get("summary") or {"passed": 0, "scenarios": 0},
+        decision=document.get("decision") or {"decision": "unknown", "why": "not recorded"},
+        scenarios=[_scenario_view(s) for s in document.get("scenarios", [])],
+        environment=sorted((k, v) for k, v in environment.items()),
+        jobs=document.get("jobs") or [],
+        verdict_word=_verdict_word,
+        lost_steps=_lost_steps,
+        mib=_mib,
+        job_text=_job_text,
+    )
