@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("list", help="the saved runs")
+    commands.add_parser(
+        "test-image",
+        help="build the local test images (spotchaos-test:latest, :shell-entrypoint) from this machine's Python",
+    )
     return parser
 
 
@@ -86,9 +90,18 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _test_image(args: argparse.Namespace) -> int:
+    from .backends.docker import DockerSession
+    from .testimage import build
+
+    for name in build(DockerSession().client):
+        print(name)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"report": _report, "compare": _compare, "list": _list}[args.command]
+    handler = {"report": _report, "compare": _compare, "list": _list, "test-image": _test_image}[args.command]
     try:
         return handler(args)
     except SpotchaosError as exc:

@@ -13,10 +13,11 @@ import shlex
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .container import ContainerSpec, container_from_mapping
 from .cost import MAX_PRICE, PRICE_KEYS, CostInputs
 from .errors import ConfigError
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
@@ -46,6 +47,7 @@ class JobSpec:
     overhead_budget: float = 0.05  # checkpoint time / training time
     mtbf_seconds: float | None = None  # mean time between preemptions, for the interval advisor
     cost: CostInputs = field(default_factory=CostInputs)
+    container: ContainerSpec | None = None  # None: a local process group (the subprocess backend)
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -75,27 +77,37 @@ class JobSpec:
         return f"{self.source} [tool.spotchaos.jobs.{self.name}].{key}"
 
     def argv(self, resume: bool) -> list[str]:
+        """The command of this attempt. On the host, ``python`` is the interpreter running pytest;
+        in a container it is the image's own ``python``."""
         command = self.resume_command if resume and self.resume_command else self.command
         argv = list(command)
-        if argv[0] in PYTHON_ALIASES:
+        if argv[0] in PYTHON_ALIASES and self.container is None:
             argv[0] = sys.executable
         return argv
+
+    def in_image(self, image: str) -> JobSpec:
+        """This job in a container of ``image`` (``--spotchaos-image``), keeping its own options."""
+        base = self.container or ContainerSpec(image=image, where=self.where("container"))
+        return replace(self, container=replace(base, image=image))
 
     def environment(self) -> dict[str, str]:
         return dict(self.env)
 
     def secrets(self) -> list[str]:
         """Values of this job's environment that the report must never show."""
-        return secret_values(self.environment())
+        return secret_values({**self.environment(), **dict(self.container.env if self.container else ())})
 
     def key(self) -> str:
         """Identifies everything that shapes the trajectory; the reference run is cached by it."""
         shaping = {"command": self.command, "resume": self.resume_command, "env": self.env, "cwd": self.cwd}
+        if self.container is not None:  # another image may hold another torch: its own reference
+            shaping["container"] = self.container.describe()
         return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
         data = asdict(self)  # cost (prices) included: they are the user's figures, not secrets
         data["env"] = sorted(k for k, _ in self.env)  # names only: values may be secrets
+        data["container"] = self.container.describe() if self.container else None
         return data
 
 
@@ -108,7 +120,7 @@ class Settings:
 
 
 _NUMBER_KEYS = ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout", "overhead_budget")
-_JOB_KEYS = {"command", "resume_command", "env", "cwd", "provider", "mtbf", "cost", *_NUMBER_KEYS}
+_JOB_KEYS = {"command", "resume_command", "env", "cwd", "provider", "mtbf", "cost", "image", "container", *_NUMBER_KEYS}
 
 
 def _check_number(value: Any, where: str, what: str, low: float, high: float) -> None:
@@ -176,6 +188,12 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         kwargs["mtbf_seconds"] = _mtbf(table["mtbf"], where("mtbf"))
     if "cost" in table:
         kwargs["cost"] = _cost(table["cost"], where("cost"))
+    if "container" in table and "image" not in table:
+        raise ConfigError(f'{where("container")}: needs an image: add image = "..." to the job')
+    if "image" in table:
+        kwargs["container"] = container_from_mapping(
+            table["image"], table.get("container"), f"{source} [tool.spotchaos.jobs.{name}]"
+        )
     resume = table.get("resume_command")
     return JobSpec(
         name=name,

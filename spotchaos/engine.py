@@ -111,6 +111,7 @@ class _AttemptWatch:
             delivered_at=now - self.started,
             delivered_wall=time.time(),
             grace_seconds=self.job.grace_seconds if fault.graceful else None,
+            detail=getattr(self.handle, "delivery_note", ""),  # what the notice met on its way in
         )
 
     def _enforce_deadlines(self, now: float) -> None:
@@ -181,7 +182,7 @@ def _run_attempt(
     folder = workdir / f"attempt-{index}"
     folder.mkdir()
     events_path = folder / "events.jsonl"
-    env = {**os.environ, **job.environment()}
+    env = {**backend.inherited_environment(), **job.environment()}
     crash_at = preemption.at_step if preemption is not None and preemption.fault == "crash" else None
     if crash_at is not None or trace_fs:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
@@ -203,6 +204,9 @@ def _run_attempt(
         cwd=cwd,
         stdout_path=folder / "stdout.log",
         stderr_path=folder / "stderr.log",
+        grace_seconds=float(job.grace_seconds or 30.0),
+        writable=(workdir.resolve(),),
+        readable=(CRASHPOINT_DIR,) if crash_at is not None or trace_fs else (),
     )
     reader = EventReader(events_path)
     handle = backend.start(spec)

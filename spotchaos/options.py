@@ -27,6 +27,9 @@ class RunOptions:
     plan: Plan | None
     jobs: tuple[str, ...]
     keep_runs: bool
+    image: str | None = None  # run every job in this container image
+    require_docker: bool = False  # no Docker daemon: fail instead of skipping (always in CI)
+    require_gpu: bool = False  # a job asks for GPUs and there are none: fail instead of skipping
 
 
 def resolve(
@@ -41,6 +44,9 @@ def resolve(
     keep_runs: bool,
     environ: Mapping[str, str],
     settings: Settings,
+    image: str | None = None,
+    require_docker: bool = False,
+    require_gpu: bool = False,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     if seed is None:
@@ -80,4 +86,14 @@ def resolve(
         plan=Plan.parse(plan) if plan else None,
         jobs=tuple(jobs or ()),
         keep_runs=keep_runs,
+        image=_image(image),
+        # CI must never skip container scenarios for want of a daemon: that would hide a broken setup
+        require_docker=require_docker or bool(environ.get("CI")),
+        require_gpu=require_gpu,
     )
+
+
+def _image(image: str | None) -> str | None:
+    if image is not None and (not image.strip() or any(c.isspace() for c in image)):
+        raise ConfigError(f"--spotchaos-image: expected an image name such as 'repo/train:1.2', got {image!r}")
+    return image

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from . import hooks
+from .backends.docker import DockerUnavailable, GpuUnavailable
 from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
 from .history import HISTORY_DIR, save_run
@@ -81,6 +82,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="where the report goes (default: [tool.spotchaos].output, else spotchaos-report)",
     )
     group.addoption(
+        "--spotchaos-image",
+        metavar="IMAGE",
+        help="run every job in a container of this local image (Docker backend; default: as each job says)",
+    )
+    group.addoption(
+        "--spotchaos-require-docker",
+        action="store_true",
+        help="fail container scenarios when no Docker daemon answers (default: skip them; always fail in CI)",
+    )
+    group.addoption(
+        "--spotchaos-require-gpu",
+        action="store_true",
+        help="fail scenarios of jobs that ask for GPUs when there are none (default: skip them)",
+    )
+    group.addoption(
         "--spotchaos-keep-runs",
         action="store_true",
         help="keep the working directory of passing runs too (default: only failing ones)",
@@ -120,6 +136,9 @@ def pytest_configure(config: pytest.Config) -> None:
             plan=config.getoption("spotchaos_plan"),
             jobs=config.getoption("spotchaos_job"),
             keep_runs=config.getoption("spotchaos_keep_runs"),
+            image=config.getoption("spotchaos_image"),
+            require_docker=config.getoption("spotchaos_require_docker"),
+            require_gpu=config.getoption("spotchaos_require_gpu"),
             environ=os.environ,
             settings=settings,
         )
@@ -161,7 +180,9 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 
 def _selected(state: _State) -> list[JobSpec]:
-    return [j for j in state.settings.jobs if not state.options.jobs or j.name in state.options.jobs]
+    o = state.options
+    jobs = [j for j in state.settings.jobs if not o.jobs or j.name in o.jobs]
+    return [j.in_image(o.image) for j in jobs] if o.image else jobs
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -267,6 +288,18 @@ class Scenario:
     def _guard(self, record: ScenarioRecord, action) -> None:
         try:
             action()
+        except DockerUnavailable as exc:
+            if self._state.options.require_docker:
+                record.passed, record.error = False, str(exc)
+                raise
+            self._item.stash[RECORDS].remove(record)  # a skipped scenario has no verdict to report
+            pytest.skip(f"spotchaos: {exc} (--spotchaos-require-docker makes this a failure)")
+        except GpuUnavailable as exc:
+            if self._state.options.require_gpu:
+                record.passed, record.error = False, str(exc)
+                raise
+            self._item.stash[RECORDS].remove(record)
+            pytest.skip(f"spotchaos: {exc} (--spotchaos-require-gpu makes this a failure)")
         except ChaosFailure as failure:
             record.passed = False
             record.failing_plan = str(failure.plan)
@@ -312,6 +345,8 @@ def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
     parts = ["pytest", "--spotchaos", f"--spotchaos-seed={state.options.seed}"]
     if plan:
         parts.append(f"--spotchaos-plan='{plan}'")
+    if state.options.image:
+        parts.append(f"--spotchaos-image='{state.options.image}'")
     parts.append(f"'{item.nodeid}'")
     return " ".join(parts)
 
@@ -386,6 +421,7 @@ class _Collector:
             scenarios=state.scenarios,
             started=state.started,
             secrets=state.secrets,
+            containers=state.runner.containers(),
         )
         self.config.hook.pytest_spotchaos_report(config=self.config, report=document)
         self.path = write_json(document, self._report_path())

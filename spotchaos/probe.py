@@ -222,6 +222,14 @@ class Probe:
             memory=memory_peaks(),
         )
 
+    def notice(self, signum: int) -> None:
+        """The trainer received a preemption notice (call it from the SIGTERM handler).
+
+        Optional, but it lets the harness tell "the signal never reached the trainer" (a shell as
+        a container's PID 1) from "the trainer got it and was too slow".
+        """
+        self.emit("notice", signal=int(signum))
+
     def resume(self, from_step: int, uri: str) -> None:
         """Training continues after step ``from_step``, restored from ``uri``."""
         self.emit("resume", from_step=int(from_step), uri=uri)

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from .advisor import advise
+from .backends.docker import DockerBackend, DockerSession
 from .config import JobSpec
 from .cost import estimate
 from .engine import FS_EVENTS, EngineOptions, read_fs_events, run_job
@@ -89,6 +90,7 @@ class ChaosRunner:
         self._timing_runs: dict[str, RunRecord] = {}
         self._lock = threading.Lock()
         self._counter = 0
+        self._docker: DockerSession | None = None  # started with the first container job
 
     def _next_dir(self, label: str) -> Path:
         with self._lock:
@@ -99,19 +101,30 @@ class ChaosRunner:
         """The uninterrupted run of ``job``, computed once per session and job configuration."""
         key = job.key()
         if key not in self._references:
-            record = run_job(job, Plan(), self._next_dir(f"{job.name}-reference"), self._options())
+            record = run_job(job, Plan(), self._next_dir(f"{job.name}-reference"), self._options(job))
             if not record.steps:
                 raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
             self._references[key] = record
         return self._references[key]
 
-    def _options(self) -> EngineOptions:
-        return EngineOptions(root=self.root)
+    def _options(self, job: JobSpec, *, trace_fs: bool = False) -> EngineOptions:
+        """The job's backend: its own container image, else a local process group."""
+        backend = None
+        if job.container is not None:
+            with self._lock:
+                if self._docker is None:
+                    self._docker = DockerSession()  # DockerUnavailable: the plugin skips or fails
+            backend = DockerBackend(self._docker, job.container)
+        return EngineOptions(root=self.root, backend=backend, trace_fs=trace_fs)
+
+    def containers(self) -> list[dict[str, Any]]:
+        """Images the session's containers ran (name, id, digests), for the report."""
+        return list(self._docker.images.values()) if self._docker is not None else []
 
     def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
         reference = self.reference(job)
         workdir = self._next_dir(f"{job.name}-{len(plan.preemptions)}p")
-        record = run_job(job, plan, workdir, self._options())
+        record = run_job(job, plan, workdir, self._options(job))
         verdict = judge(reference, record)
         if verdict.passed and not self.keep_passing:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -206,7 +219,7 @@ class ChaosRunner:
             workdir = Path(record.workdir)
             logs.extend(read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.attempts)
 
-        record = self._run_once(job, plan, "trace", EngineOptions(root=self.root, trace_fs=True), read_logs)
+        record = self._run_once(job, plan, "trace", self._options(job, trace_fs=True), read_logs)
         return record, logs
 
     def _run_once(self, job: JobSpec, plan: Plan, label: str, options: EngineOptions, inspect=None) -> RunRecord:
@@ -249,7 +262,7 @@ class ChaosRunner:
 
     def fresh_run(self, job: JobSpec) -> RunRecord:
         """One more uninterrupted run (the overhead scenario measures on it)."""
-        return self._run_once(job, Plan(), "measure", self._options())
+        return self._run_once(job, Plan(), "measure", self._options(job))
 
     def timing_run(self, job: JobSpec) -> RunRecord:
         """A run with one SIGTERM half-way, cached per job: notice flush and restart latency.
@@ -327,6 +340,8 @@ class ChaosRunner:
 
     def close(self) -> None:
         """Remove what passed; keep the session's directory only if a failure left something in it."""
+        if self._docker is not None:
+            self._docker.close()
         if not self.keep_passing:
             for reference in self._references.values():
                 shutil.rmtree(reference.workdir, ignore_errors=True)

@@ -176,6 +176,16 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
 def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
     signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
     if attempt.fault is not None and attempt.fault.grace_exceeded:
+        if attempt.fault.detail and not attempt.of_kind("notice"):
+            return (
+                f"the signal never reached the trainer: {signal} was not answered within {g.grace_seconds:g} s "
+                f"and the trainer reported no notice; {attempt.fault.detail}"
+            )
+        if attempt.of_kind("notice"):
+            return (
+                f"grace window exceeded: the trainer received the notice but did not exit within "
+                f"{g.grace_seconds:g} s of {signal}, so it was SIGKILLed — is its checkpoint too slow for the window?"
+            )
         return (
             f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, so it "
             "was SIGKILLed — does the trainer handle SIGTERM (checkpoint, then exit 0)?"

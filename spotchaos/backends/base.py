@@ -16,10 +16,14 @@ class LaunchSpec:
     cwd: Path
     stdout_path: Path
     stderr_path: Path
+    grace_seconds: float = 30.0  # the job's notice window (a container's stop timeout)
+    writable: tuple[Path, ...] = ()  # the run's own directory: a container binds it read-write
+    readable: tuple[Path, ...] = ()  # harness files the job loads (the crash-point hook): read-only
 
 
 class Handle(Protocol):
-    """A running attempt."""
+    """A running attempt. It may also carry ``delivery_note``: what a notice met on its way to
+    the trainer (a shell as the container's PID 1, say), recorded with the fault."""
 
     @property
     def pid(self) -> int: ...
@@ -45,5 +49,8 @@ class Handle(Protocol):
 
 class Backend(Protocol):
     name: str
+
+    def inherited_environment(self) -> dict[str, str]:
+        """The environment a job starts from, before its own variables and the contract's."""
 
     def start(self, spec: LaunchSpec) -> Handle: ...

@@ -101,6 +101,9 @@ class SubprocessBackend:
 
     name = "subprocess"
 
+    def inherited_environment(self) -> dict[str, str]:
+        return dict(os.environ)  # the job runs under pytest's environment, as a local command would
+
     def start(self, spec: LaunchSpec) -> SubprocessHandle:
         stdout = open(spec.stdout_path, "wb")
         stderr = open(spec.stderr_path, "wb")
