@@ -20,6 +20,7 @@ from typing import Any
 from .container import ContainerSpec, container_from_mapping
 from .cost import MAX_PRICE, PRICE_KEYS, CostInputs
 from .errors import ConfigError
+from .logadapter import LogSpec, log_from_mapping
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
 from .redact import secret_values
 
@@ -48,6 +49,9 @@ class JobSpec:
     mtbf_seconds: float | None = None  # mean time between preemptions, for the interval advisor
     cost: CostInputs = field(default_factory=CostInputs)
     container: ContainerSpec | None = None  # None: a local process group (the subprocess backend)
+    log: LogSpec | None = None  # read steps from printed output instead of probe events
+    resume_args: tuple[str, ...] = ()  # appended to command on restarts ("--resume", "init_from=resume")
+    parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -79,8 +83,10 @@ class JobSpec:
     def argv(self, resume: bool) -> list[str]:
         """The command of this attempt. On the host, ``python`` is the interpreter running pytest;
         in a container it is the image's own ``python``."""
-        command = self.resume_command if resume and self.resume_command else self.command
-        argv = list(command)
+        if resume and self.resume_command:
+            argv = list(self.resume_command)
+        else:
+            argv = [*self.command, *(self.resume_args if resume else ())]
         if argv[0] in PYTHON_ALIASES and self.container is None:
             argv[0] = sys.executable
         return argv
@@ -99,7 +105,14 @@ class JobSpec:
 
     def key(self) -> str:
         """Identifies everything that shapes the trajectory; the reference run is cached by it."""
-        shaping = {"command": self.command, "resume": self.resume_command, "env": self.env, "cwd": self.cwd}
+        shaping = {
+            "command": self.command,
+            "resume": self.resume_command,
+            "resume_args": self.resume_args,
+            "env": self.env,
+            "cwd": self.cwd,
+            "log": self.log.describe() if self.log else None,
+        }
         if self.container is not None:  # another image may hold another torch: its own reference
             shaping["container"] = self.container.describe()
         return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
@@ -108,6 +121,7 @@ class JobSpec:
         data = asdict(self)  # cost (prices) included: they are the user's figures, not secrets
         data["env"] = sorted(k for k, _ in self.env)  # names only: values may be secrets
         data["container"] = self.container.describe() if self.container else None
+        data["log"] = self.log.describe() if self.log else None
         return data
 
 
@@ -120,7 +134,21 @@ class Settings:
 
 
 _NUMBER_KEYS = ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout", "overhead_budget")
-_JOB_KEYS = {"command", "resume_command", "env", "cwd", "provider", "mtbf", "cost", "image", "container", *_NUMBER_KEYS}
+_JOB_KEYS = {
+    "command",
+    "resume_command",
+    "env",
+    "cwd",
+    "provider",
+    "mtbf",
+    "cost",
+    "image",
+    "container",
+    "log",
+    "resume_args",
+    "parametrize",
+    *_NUMBER_KEYS,
+}
 
 
 def _check_number(value: Any, where: str, what: str, low: float, high: float) -> None:
@@ -194,6 +222,14 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         kwargs["container"] = container_from_mapping(
             table["image"], table.get("container"), f"{source} [tool.spotchaos.jobs.{name}]"
         )
+    if "log" in table:
+        kwargs["log"] = log_from_mapping(table["log"], where("log"))
+    if "parametrize" in table:
+        if not isinstance(table["parametrize"], bool):
+            raise ConfigError(f"{where('parametrize')}: must be true or false")
+        kwargs["parametrize"] = table["parametrize"]
+    if "resume_args" in table:
+        kwargs["resume_args"] = _command(table["resume_args"], where("resume_args"))
     resume = table.get("resume_command")
     return JobSpec(
         name=name,

@@ -21,6 +21,7 @@ from .config import JobSpec
 from .errors import JobError
 from .events import EventReader
 from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
+from .logadapter import LogEventReader
 from .plan import Plan, Preemption
 from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_RUN_ID
 from .trajectory import Attempt, FaultRecord, RunRecord
@@ -29,6 +30,7 @@ POLL_SECONDS = 0.003
 TAIL_BYTES = 4000
 CRASHPOINT_DIR = Path(__file__).resolve().parent / "crashpoint"
 FS_EVENTS = "fs-events.jsonl"
+CHECKPOINT_PLACEHOLDER = "{checkpoint_dir}"
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,11 @@ class _AttemptWatch:
                 self.handle.kill()  # the grace window is over: the provider pulls the plug
             return  # the job is being preempted: the grace window, not hang detection, applies
         if self.first_event_at is None:
+            if now - self.started > self.job.start_timeout and self.job.log is not None:
+                raise JobError(
+                    f"job {self.job.name!r}: no line of its {self.job.log.stream} matched {self.job.log.where}.pattern "
+                    f"{self.job.log.pattern!r} within {self.job.start_timeout:g} s (start_timeout)"
+                )
             if now - self.started > self.job.start_timeout:
                 raise JobError(
                     f"job {self.job.name!r} never started: no event within {self.job.start_timeout:g} s "
@@ -198,8 +205,11 @@ def _run_attempt(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
+    # an output directory writes where the harness works on copies.
+    argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(checkpoints.resolve())) for a in job.argv(resume=index > 0))
     spec = LaunchSpec(
-        argv=tuple(job.argv(resume=index > 0)),
+        argv=argv,
         env=env,
         cwd=cwd,
         stdout_path=folder / "stdout.log",
@@ -208,7 +218,12 @@ def _run_attempt(
         writable=(workdir.resolve(),),
         readable=(CRASHPOINT_DIR,) if crash_at is not None or trace_fs else (),
     )
-    reader = EventReader(events_path)
+    reader: EventReader | LogEventReader
+    if job.log is not None:
+        log_path = spec.stdout_path if job.log.stream == "stdout" else spec.stderr_path
+        reader = LogEventReader(log_path, job.log, checkpoints, job.name)
+    else:
+        reader = EventReader(events_path)
     handle = backend.start(spec)
     watch = _AttemptWatch(job, handle, reader, None if crash_at is not None else preemption)
     orphans: list[int] = []
@@ -221,6 +236,14 @@ def _run_attempt(
     finally:
         handle.cleanup()
         reader.close()
+    if isinstance(reader, LogEventReader) and watch.fault is None:  # a clean exit after a notice is no finish
+        if watch.exit_code == 0 and index == 0 and not any(e["event"] == "step" for e in reader.events):
+            stream = spec.stdout_path if job.log.stream == "stdout" else spec.stderr_path
+            raise JobError(
+                f"job {job.name!r} exited 0 but no line of its {job.log.stream} matched {job.log.where}.pattern "
+                f"{job.log.pattern!r}; its last lines:\n{_last_lines(_tail(stream))}"
+            )
+        reader.finish(watch.exit_code)
     if reader.torn_tail and watch.fault is None:
         raise JobError(
             f"job {job.name!r} left an unfinished event line in {events_path.name}: "

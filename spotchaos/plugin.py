@@ -121,7 +121,11 @@ def _declared_jobs(config: pytest.Config) -> Settings:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "spotchaos: a chaos scenario; skipped unless --spotchaos is given")
+    config.addinivalue_line(
+        "markers",
+        "spotchaos(jobs=None): a chaos scenario, skipped unless --spotchaos is given; jobs=[names] runs it "
+        "on those jobs only (jobs with parametrize = false are reached only this way)",
+    )
     if not config.getoption("spotchaos"):
         return
     cache = getattr(config, "cache", None)  # absent with -p no:cacheprovider
@@ -192,12 +196,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if state is None:  # --spotchaos not given: one placeholder, skipped at collection
         metafunc.parametrize("spotchaos_job", [None], ids=["off"])
         return
-    jobs = _selected(state)
-    if not jobs:
+    marker = metafunc.definition.get_closest_marker("spotchaos")
+    named = marker.kwargs.get("jobs") if marker is not None else None
+    selected = _selected(state)
+    if named is not None:
+        jobs = [j for j in selected if j.name in named]
+        if not jobs and not state.options.jobs:
+            declared = ", ".join(j.name for j in state.settings.jobs) or "none"
+            raise pytest.UsageError(f"spotchaos: {metafunc.definition.nodeid} names jobs {named}; declared: {declared}")
+    else:
+        jobs = [j for j in selected if j.parametrize]
+    if not jobs and not state.settings.jobs:
         raise pytest.UsageError(
             "spotchaos: no job to test. Declare one in pyproject.toml:\n"
             '  [tool.spotchaos.jobs.train]\n  command = ["python", "train.py"]'
         )
+    if not jobs:  # --spotchaos-job chose jobs this test does not take
+        skip = pytest.mark.skip(reason="spotchaos: none of the selected jobs is for this test")
+        metafunc.parametrize("spotchaos_job", [pytest.param(None, marks=skip, id="no-job")])
+        return
     metafunc.parametrize("spotchaos_job", jobs, ids=[j.name for j in jobs])
 
 

@@ -21,6 +21,8 @@ FINGERPRINT_HINTS = {
     "lr": "the learning rate differs: LR scheduler (or optimizer param groups) not restored?",
     "batch": "the batch differs: data order or position in the epoch not restored?",
     "rng": "the RNG state differs: python/numpy/torch RNG state not saved or not restored?",
+    "opt": "the optimizer state differs: optimizer state (moments, step counts) not saved or not restored, "
+    "or saved before the optimizer step finished?",
 }
 
 
@@ -33,6 +35,7 @@ class Divergence:
     observed: Any
     resumed_from: int | None  # the checkpoint step this attempt resumed after, if any
     also_differs: list[str] = field(default_factory=list)
+    agreeing: list[str] = field(default_factory=list)  # fingerprints both runs reported, still equal
 
     def describe(self) -> str:
         where = f"step {self.step} (attempt {self.attempt}"
@@ -49,9 +52,39 @@ class Divergence:
         others = [f for f in self.also_differs if f != self.field]
         if others:
             text += f"; also differs at that step: {', '.join(others)}"
+        if not hints:
+            hints = self._timing_hints()
         if hints:
             text += "; hint: " + " ".join(hints)
         return text
+
+    def _timing_hints(self) -> list[str]:
+        """Without a fingerprint that names the cause, where the divergence sits still narrows it.
+
+        The first step after a resume computes its loss from the restored weights before any
+        update: if it differs, what that step *draws* differs (dropout masks, augmentation: RNG
+        state; or the batch itself). If it matched and the next one did not, the *update* differs:
+        optimizer moments, LR scheduler or gradient-scaler state.
+        """
+        if self.resumed_from is None:
+            return []
+        distance = self.step - self.resumed_from
+        if distance == 1:
+            if "batch" in self.agreeing:
+                return [
+                    "the first step after resuming differs while its batch is the same: the RNG state "
+                    "(dropout masks, augmentation) was not saved or not restored?"
+                ]
+            return [
+                "the very first step after resuming differs, before any update from the restored state: the RNG "
+                "state (dropout masks, augmentation, shuffling) or the data order/position was not restored?"
+            ]
+        if distance == 2:
+            return [
+                "the first step after resuming matched and the next did not, so the restored update differs: "
+                "optimizer state (moments, step counts), LR scheduler or gradient scaler not restored?"
+            ]
+        return []
 
 
 def _show(value: Any) -> str:
@@ -88,6 +121,7 @@ class Verdict:
     grace: list[GraceResult]
     reference_steps: int
     damage: list[DamageOutcome] = field(default_factory=list)
+    precision: str = "bit-exact"  # what "equal" meant: see precision_note
 
     def message(self) -> str:
         if self.passed:
@@ -144,6 +178,7 @@ def find_divergence(
                 observed=got_value,
                 resumed_from=resumed.get(got.attempt),
                 also_differs=differing[1:],
+                agreeing=sorted((set(ref.fingerprints) & set(got.fingerprints)) - set(differing)),
             )
     return None
 
@@ -318,7 +353,23 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     if divergence is not None:
         failures.append(divergence.describe())
     if missing:
-        failures.append(f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}")
+        text = f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}"
+        # a step missing exactly where a restart picked up (the resume point a trainer reports
+        # comes from the same counter, so the step at it or just after it)
+        at_resume = sorted(
+            (step, index)
+            for index, start in resumed.items()
+            if start is not None
+            for step in (start, start + 1)
+            if step in missing
+        )
+        if at_resume:
+            step, index = at_resume[0]
+            text += (
+                f"; hint: step {step} is missing exactly where attempt {index} resumed: "
+                "is the step counter restored off by one?"
+            )
+        failures.append(text)
     if unexpected:
         failures.append(f"steps the reference never ran: {_ranges(unexpected)}")
 
@@ -340,6 +391,7 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     failures.extend(resume_failures)
 
     return Verdict(
+        precision=precision_note(reference, chaos),
         passed=not failures,
         failures=failures,
         first_divergence=divergence,
@@ -350,6 +402,28 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
         grace=grace,
         reference_steps=len(ref_steps),
         damage=damage,
+    )
+
+
+def precision_note(reference: RunRecord, chaos: RunRecord) -> str:
+    """How exact the comparison was: losses from the probe are exact bits; printed ones are not."""
+    printed = [
+        e["printed"] for run in (reference, chaos) for a in run.attempts for e in a.of_kind("step") if "printed" in e
+    ]
+    if not printed:
+        return "bit-exact"
+    from .logadapter import significant_digits
+
+    digits = min(significant_digits(p) for p in printed)
+    final = chaos.final
+    weights = (
+        f"final weights compared bit for bit ({len(final['digests'])} tensors)"
+        if final is not None and final.get("digests")
+        else "no weights digest (set final_weights in the job's log table)"
+    )
+    return (
+        f"losses compared as printed, to {digits} significant digit(s); {weights}; "
+        "a bit-exact claim needs the probe or the weights digest"
     )
 
 

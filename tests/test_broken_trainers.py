@@ -42,6 +42,40 @@ CASES = [
         r"exited with status 1 .* after sigterm-group .*DataLoader workers",
         id="workers-die-on-group-sigterm",
     ),
+    pytest.param(
+        trainer_job("broken_no_optimizer_restore"),
+        "sigterm@5",
+        r"diverged at step \d+ \(attempt 1, the first step after resuming from step \d+\)"
+        r".*opt.*optimizer state \(moments, step counts\) not saved or not restored",
+        id="no-optimizer-restore",
+    ),
+    pytest.param(
+        trainer_job("broken_optimizer_saved_before_step"),
+        "sigterm@5",
+        r"diverged at step \d+ \(attempt 1, the first step after resuming"
+        r".*opt.*saved before the optimizer step finished",
+        id="optimizer-saved-before-step",
+    ),
+    pytest.param(
+        trainer_job("broken_step_off_by_one"),
+        "sigterm@5",
+        r"step \d+ is missing exactly where attempt 1 resumed: is the step counter restored off by one",
+        id="step-off-by-one",
+    ),
+    pytest.param(
+        trainer_job("broken_set_epoch_zero"),
+        "sigterm@10",  # resumes in epoch 1 (8 batches per epoch): epoch 0's shuffle comes back
+        r"diverged at step \d+ \(attempt 1, the first step after resuming.*also differs at that step: batch"
+        r".*data order or position in the epoch not restored",
+        id="set-epoch-zero",
+    ),
+    pytest.param(
+        trainer_job("broken_epoch_boundary_replay"),
+        "sigkill@9",  # resumes from the checkpoint after step 7: exactly the end of epoch 0
+        r"diverged at step 8 \(attempt 1, the first step after resuming from step 7\).*batch"
+        r".*data order or position in the epoch not restored",
+        id="epoch-boundary-replay",
+    ),
 ]
 
 

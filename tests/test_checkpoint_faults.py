@@ -106,6 +106,7 @@ def test_crash_while_loading_on_resume_then_resume_again(runner):
     [
         ("broken_inplace_write", r"crash before open-write ckpt-current/\w+\.pt .* left neither the old nor the new"),
         ("broken_rotate_first", r"crash before .* left neither the old nor the new checkpoint loadable"),
+        ("broken_latest_first", r"crash before .* left neither the old nor the new checkpoint loadable"),
     ],
 )
 def test_unsafe_writers_are_caught_at_a_crash_point(runner, script, message):

@@ -1,0 +1,248 @@
+"""Gate a training script that knows nothing of spotchaos: its printed log becomes the events.
+
+Declared per job in ``[tool.spotchaos.jobs.NAME.log]``: a regular expression with named groups
+``step`` and ``loss`` matched against stdout (or stderr), a glob for its checkpoint files, and
+where its final weights are. The harness then reads what the script prints the way it reads the
+probe's events: each matching line is a step, each new or rewritten checkpoint file is a
+checkpoint, and a clean exit loads the final weights (``torch.load`` on the harness side) for
+the per-tensor digest comparison.
+
+Printed losses carry only the digits the script prints, so the verdict says how many digits it
+compared; a bit-exact claim needs the probe or the weights digest.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, JobError
+from .events import Event
+
+STREAMS = ("stdout", "stderr")
+DEFAULT_PATTERN = r"step (?P<step>\d+)\D+?loss[:= ]+(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+
+
+@dataclass(frozen=True)
+class LogSpec:
+    pattern: str = DEFAULT_PATTERN
+    stream: str = "stdout"
+    checkpoints: str | None = None  # glob under the run's checkpoint directory, e.g. "*.pt"
+    final_weights: str | None = None  # path under the checkpoint directory, e.g. "ckpt.pt"
+    final_key: str | None = None  # the key holding the state dict ("model"); None: the file is one
+    # The key in a checkpoint holding the number of steps completed. Without it a checkpoint is
+    # credited to the last step printed before the file was seen, which a fast script may already
+    # have passed; with it the harness loads the file and knows.
+    checkpoint_step_key: str | None = None
+    where: str = "log"
+
+    def __post_init__(self) -> None:
+        try:
+            compiled = re.compile(self.pattern)
+        except re.error as exc:
+            raise ConfigError(f"{self.where}.pattern: {self.pattern!r} is not a regular expression: {exc}") from None
+        missing = [g for g in ("step", "loss") if g not in compiled.groupindex]
+        if missing:
+            raise ConfigError(
+                f"{self.where}.pattern: {self.pattern!r} has no named group {' or '.join(repr(g) for g in missing)}: "
+                "write (?P<step>\\d+) and (?P<loss>[-0-9.e+]+) where the step and the loss are printed"
+            )
+        if self.stream not in STREAMS:
+            raise ConfigError(f"{self.where}.stream: must be stdout or stderr, got {self.stream!r}")
+        for key in ("checkpoints", "final_weights"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or value.startswith("/") or ".." in value):
+                raise ConfigError(f"{self.where}.{key}: must be a path under the checkpoint directory, got {value!r}")
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return re.compile(self.pattern)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pattern": self.pattern,
+            "stream": self.stream,
+            "checkpoints": self.checkpoints,
+            "final_weights": self.final_weights,
+            "final_key": self.final_key,
+            "checkpoint_step_key": self.checkpoint_step_key,
+        }
+
+
+def log_from_mapping(table: Any, where: str) -> LogSpec:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    known = {"pattern", "stream", "checkpoints", "final_weights", "final_key", "checkpoint_step_key"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    for key, value in table.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}.{key}: must be a string, got {value!r}")
+    return LogSpec(**table, where=where)
+
+
+def significant_digits(text: str) -> int:
+    """Digits of a printed number that carry information: '0.012300' -> 5, '1.5e-03' -> 2."""
+    mantissa = re.split(r"[eE]", text.strip().lstrip("+-"))[0]
+    digits = mantissa.replace(".", "").lstrip("0")
+    return max(1, len(digits)) if digits else 1
+
+
+class LogEventReader:
+    """Turns a script's output and checkpoint files into contract events, incrementally.
+
+    Same surface as :class:`spotchaos.events.EventReader` (``read_new``, ``events``,
+    ``torn_tail``, ``close``), plus ``finish`` for the final weights once the script exits 0.
+    """
+
+    def __init__(self, log_path: Path, spec: LogSpec, checkpoint_dir: Path, job: str) -> None:
+        self.path = log_path
+        self.spec = spec
+        self.checkpoint_dir = checkpoint_dir
+        self.job = job
+        self.events: list[Event] = []
+        self._regex = spec.regex
+        self._file = None
+        self._pending = b""
+        self._seen_files: dict[Path, tuple[int, int]] = {}
+        self._last_step: int | None = None
+        self._started = False
+        self.digits: int | None = None  # the fewest significant digits any compared loss had
+        self.torn_tail = b""  # printed text has no torn events: a half line is just not a step yet
+
+    def read_new(self) -> list[Event]:
+        new: list[Event] = []
+        if self._file is None:
+            try:
+                self._file = open(self.path, "rb")
+            except FileNotFoundError:
+                return new
+        chunk = self._file.read()
+        if chunk:
+            data = self._pending + chunk
+            *lines, self._pending = data.split(b"\n")
+            for raw in lines:
+                new.extend(self._line(raw.decode("utf-8", "replace")))
+        new.extend(self._new_checkpoints())
+        self.events.extend(new)
+        return new
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        return {"event": kind, "t": time.time(), "rank": 0, **fields}
+
+    def _line(self, line: str) -> list[Event]:
+        found = self._regex.search(line)
+        if found is None:
+            return []
+        step_text, loss_text = found.group("step"), found.group("loss")
+        try:
+            step = int(step_text)
+        except (TypeError, ValueError):
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its step group "
+                f"{step_text!r} is not an integer"
+            ) from None
+        try:
+            loss = float(loss_text)
+        except (TypeError, ValueError):
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its loss group "
+                f"{loss_text!r} does not parse as a number"
+            ) from None
+        events = []
+        if not self._started:
+            self._started = True
+            events.append(self._event("start", schema=1, source="log"))
+        if math.isfinite(loss):
+            digits = significant_digits(loss_text)
+            self.digits = digits if self.digits is None else min(self.digits, digits)
+        self._last_step = step
+        events.append(self._event("step", step=step, loss=loss.hex(), printed=loss_text))
+        return events
+
+    def _new_checkpoints(self) -> list[Event]:
+        """A checkpoint file that appeared or changed since the last poll, after a printed step."""
+        if self.spec.checkpoints is None or self._last_step is None:
+            return []
+        events = []
+        for path in sorted(self.checkpoint_dir.glob(self.spec.checkpoints)):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            signature = (stat.st_mtime_ns, stat.st_size)
+            if not path.is_file() or self._seen_files.get(path) == signature:
+                continue
+            step = self._last_step
+            if self.spec.checkpoint_step_key is not None:
+                completed = _stored_step(path, self.spec.checkpoint_step_key)
+                if completed is None:
+                    continue  # not readable yet (still being written): look again at the next poll
+                step = completed - 1
+            self._seen_files[path] = signature
+            events.append(
+                self._event(
+                    "checkpoint",
+                    step=step,
+                    seconds=0.0,  # a script without the probe does not say how long it blocked
+                    bytes=stat.st_size,
+                    uri=path.resolve().as_uri(),
+                    reason="observed",
+                )
+            )
+        return events
+
+    def finish(self, exit_code: int | None) -> None:
+        """After a clean exit: the final event, with the weights' digests when they are configured."""
+        if exit_code != 0:
+            return
+        digests: dict[str, str] = {}
+        if self.spec.final_weights is not None:
+            digests = final_digests(self.checkpoint_dir / self.spec.final_weights, self.spec, self.job)
+        # a restart with nothing left to train prints no step: the final step is the previous one's
+        step = self._last_step if self._last_step is not None else -1
+        self.events.append(self._event("final", step=step, digests=digests))
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _stored_step(path: Path, key: str) -> int | None:
+    """``torch.load(path)[key]`` as an int, or None while the file cannot be read whole."""
+    import torch
+
+    try:
+        value = torch.load(path, map_location="cpu", weights_only=False)[key]
+        return int(value)
+    except Exception:
+        return None
+
+
+def final_digests(path: Path, spec: LogSpec, job: str) -> dict[str, str]:
+    """Per-tensor digests of the state dict in ``path`` (under ``spec.final_key``, if given)."""
+    import torch
+
+    from .probe import tensor_digests
+
+    if not path.is_file():
+        raise JobError(f"job {job!r}: {spec.where}.final_weights: {path} does not exist after a clean exit")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:
+        raise JobError(f"job {job!r}: {spec.where}.final_weights: cannot load {path}: {exc}") from None
+    if spec.final_key is not None:
+        if not isinstance(state, dict) or spec.final_key not in state:
+            keys = ", ".join(map(repr, list(state)[:10])) if isinstance(state, dict) else type(state).__name__
+            raise JobError(f"job {job!r}: {spec.where}.final_key {spec.final_key!r} is not in {path.name} ({keys})")
+        state = state[spec.final_key]
+    if not isinstance(state, dict):
+        raise JobError(f"job {job!r}: {path.name} holds a {type(state).__name__}, not a state dict: set final_key")
+    tensors = {k: v for k, v in state.items() if hasattr(v, "detach")}
+    return tensor_digests(tensors)

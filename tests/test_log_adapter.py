@@ -1,0 +1,96 @@
+"""The log adapter: a script that knows nothing of spotchaos, gated through what it prints."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from spotchaos.config import job_from_mapping
+from spotchaos.errors import ConfigError, JobError
+from spotchaos.logadapter import significant_digits
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure
+
+from .helpers import FIXTURES
+
+LOG = {
+    "pattern": r"step (?P<step>\d+) loss (?P<loss>[-+0-9.eE]+|nan|inf)",
+    "checkpoints": "ckpt.pt",
+    "final_weights": "ckpt.pt",
+    "final_key": "model",
+    "checkpoint_step_key": "step",
+}
+
+
+def plain_job(script: str = "plain_train", log: dict | None = None, **table):
+    command = ["python", str(FIXTURES / f"{script}.py"), "--out", "{checkpoint_dir}", "--steps", "20"]
+    return job_from_mapping(
+        script, {"command": command, "resume_args": ["--resume"], "log": log or LOG, **table}, "pyproject.toml"
+    )
+
+
+def test_correct_script_passes_and_says_how_exact_the_comparison_was(runner):
+    verdict = runner.check(plain_job(), Plan.parse("sigterm@6,sigkill@13"))
+    assert verdict.passed, verdict.message()
+    assert verdict.precision == (
+        "losses compared as printed, to 8 significant digit(s); final weights compared bit for bit (4 tensors); "
+        "a bit-exact claim needs the probe or the weights digest"
+    )
+
+
+def test_script_that_forgets_its_rng_state_fails_with_a_hint_naming_rng_state(runner):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(plain_job("plain_train_no_rng"), Plan.parse("sigterm@8"))
+    message = str(failure.value)
+    assert "the first step after resuming from step" in message
+    assert "the RNG state (dropout masks, augmentation, shuffling)" in message
+    assert "final weights differ" in message
+
+
+def test_printed_digits_are_counted_honestly():
+    assert [significant_digits(t) for t in ("0.01230000", "1.5e-03", "12", "-0.5", "0")] == [7, 2, 2, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("log", "message"),
+    [
+        ({"pattern": r"step (\d+) loss (\S+)"}, r"has no named group 'step' or 'loss'"),
+        ({"pattern": r"step (?P<step>\d+)"}, r"has no named group 'loss'"),
+        ({"pattern": r"step (?P<step>[\d+"}, r"is not a regular expression"),
+        ({**LOG, "stream": "stdlog"}, r"stream: must be stdout or stderr"),
+        ({**LOG, "final_weights": "/abs/ckpt.pt"}, r"final_weights: must be a path under the checkpoint directory"),
+        ({**LOG, "colour": "red"}, r"log.colour: unknown key"),
+    ],
+)
+def test_bad_log_tables_name_the_job_and_the_pattern(log, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        plain_job(log=log)
+    assert "[tool.spotchaos.jobs.plain_train].log" in str(raised.value)
+
+
+def test_pattern_that_never_matches_is_one_clear_message(runner, tmp_path):
+    job = job_from_mapping(
+        "chatty",
+        {"command": [sys.executable, "-c", "print('epoch 1 iteration 3 mse=0.5')"], "log": {"pattern": LOG["pattern"]}},
+        "pyproject.toml",
+    )
+    with pytest.raises(
+        JobError, match=r"(?s)no line of its stdout matched .*\.log\.pattern .*epoch 1 iteration 3 mse=0.5"
+    ):
+        runner.reference(job)
+
+
+def test_loss_that_does_not_parse_is_one_clear_message(runner):
+    job = job_from_mapping(
+        "garbled",
+        {
+            "command": [sys.executable, "-c", "print('step 0 loss 1.2.3')"],
+            "log": {"pattern": r"step (?P<step>\d+) loss (?P<loss>\S+)"},
+        },
+        "pyproject.toml",
+    )
+    with pytest.raises(
+        JobError, match=r"job 'garbled': .*pattern matched 'step 0 loss 1.2.3' but its loss group '1.2.3'"
+    ):
+        runner.reference(job)
