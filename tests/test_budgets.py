@@ -121,7 +121,10 @@ def test_provider_presets_set_the_grace_window_unless_given(tmp_path):
 
 
 def test_default_configuration_passes_the_overhead_budget(runner):
-    job = trainer_job("reference_trainer", "--checkpoint-every", "6", "--step-seconds", "0.06", name="default")
+    # 36 steps: five checkpoint intervals after warm-up, so one slow fsync on a busy runner is not the median
+    job = trainer_job(
+        "reference_trainer", "--steps", "36", "--checkpoint-every", "6", "--step-seconds", "0.06", name="default"
+    )
     figures = runner.check_overhead(job)
     overhead = figures["overhead"]
     assert overhead["passed"] and 0 < overhead["fraction"] <= 0.05

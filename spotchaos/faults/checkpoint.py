@@ -12,12 +12,14 @@ plan, so hypothesis chooses and shrinks it and the damage replays exactly.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
 MANIFEST = "manifest.json"
+DIGEST_VALUE = re.compile(r'"(crc32c|crc32|sha256|sha1|md5|digest|hash|checksum)"\s*:\s*"([0-9a-fA-F]+)"')
 LATEST = "latest"
 HEADER_BYTES = 64
 
@@ -160,9 +162,11 @@ class DamageManifest:
             manifest.unlink()
         else:
             text = manifest.read_text()
-            index = next((i for i, c in enumerate(text) if c in "0123456789abcdef" and i > len(text) * pick), None)
-            if index is None:
-                raise ValueError(f"{manifest} holds no hex digit to corrupt")
+            # only a digest's digits: a flipped hex letter in a key ("format") is damage no loader checks
+            positions = [i for m in DIGEST_VALUE.finditer(text) for i in range(m.start(2), m.end(2))]
+            if not positions:
+                raise ValueError(f"{manifest} holds no digest to corrupt")
+            index = positions[min(int(pick * len(positions)), len(positions) - 1)]
             text = text[:index] + ("0" if text[index] != "0" else "1") + text[index + 1 :]
             manifest.write_text(text)
         return Damage(self.name, str(checkpoints.newest), MANIFEST)
