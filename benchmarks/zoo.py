@@ -59,6 +59,10 @@ def main() -> None:
             results.append((case.id, *caught(runner, job, plan, pattern)))
         for script, pattern in UNSAFE_WRITERS:
             results.append((script, *crash_caught(runner, script, pattern)))
+        unverified = trainer_job("broken_unverified_load")
+        results.append(
+            ("broken_unverified_load", *caught(runner, unverified, "sigterm@9:flip-burst-data", "silent bad load"))
+        )
         results.append(
             ("plain_train_no_rng", *caught(runner, plain_job("plain_train_no_rng"), "sigterm@8", r"the RNG state"))
         )

@@ -201,6 +201,9 @@ def write_text(text: str, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide the report from the CI's artifact upload
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from spotchaos.config import JobSpec
@@ -29,3 +32,17 @@ def is_alive(pid: int) -> bool:
 
 def read_pids(path: Path) -> list[int]:
     return [int(p) for p in path.read_text().split()]
+
+
+def run_pytest(cwd: Path, *args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A whole pytest session in a subprocess (no cache, no GitHub step summary): what a user runs."""
+    env = {k: v for k, v in (os.environ if env is None else env).items() if k != "GITHUB_STEP_SUMMARY"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

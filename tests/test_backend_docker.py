@@ -27,7 +27,7 @@ from spotchaos.plan import Plan
 from spotchaos.runner import ChaosRunner
 from spotchaos.testimage import IMAGE, SHELL_IMAGE, build
 
-from .helpers import ROOT
+from .helpers import ROOT, run_pytest
 
 
 @pytest.fixture(scope="module")
@@ -52,22 +52,11 @@ def container_job(name: str = "dock", *args: str, image: str = IMAGE, grace: flo
     return JobSpec(name=name, command=command, grace_seconds=grace, container=ContainerSpec(image=image, **container))
 
 
-def _pytest(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env=env,
-    )
-
-
 def test_builtin_scenarios_pass_in_containers_with_dataloader_workers(docker_session, tmp_path):
     """Every scenario in scenarios/, on the reference trainer with num_workers 2, each attempt a
     container stopped with docker stop (or killed): bit-exact across container restarts."""
-    result = _pytest(
+    result = run_pytest(
+        ROOT,
         "--spotchaos",
         "scenarios",
         f"--spotchaos-image={IMAGE}",
@@ -216,15 +205,7 @@ def test_without_a_daemon_container_scenarios_skip_with_how_to_start_one(tmp_pat
     env["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "--spotchaos", "-p", "no:cacheprovider", "-rs", *args],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        return run_pytest(project, "--spotchaos", "-rs", *args, timeout=120, env=env)
 
     skipped = run()
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout
@@ -252,13 +233,10 @@ def test_gpu_job_without_a_gpu_skips_or_fails_when_required(tmp_path):
     (project / "test_s.py").write_text(
         "def test_resume(spotchaos, spotchaos_job):\n    spotchaos.check(spotchaos_job, 'sigterm@3')\n"
     )
-    base = [sys.executable, "-m", "pytest", "--spotchaos", "-p", "no:cacheprovider", "-rs"]
-    skipped = subprocess.run(base, cwd=project, capture_output=True, text=True, timeout=120, check=False)
+    skipped = run_pytest(project, "--spotchaos", "-rs", timeout=120)
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout
     assert "asks for GPUs (1) and this machine has no NVIDIA GPU" in skipped.stdout
-    required = subprocess.run(
-        [*base, "--spotchaos-require-gpu"], cwd=project, capture_output=True, text=True, timeout=120, check=False
-    )
+    required = run_pytest(project, "--spotchaos", "-rs", "--spotchaos-require-gpu", timeout=120)
     assert required.returncode == 1 and "GpuUnavailable" in required.stdout, required.stdout
 
 

@@ -10,7 +10,6 @@ and ``spotchaos compare``, and that a scenario's replay command reproduces its v
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import FIXTURES
+from .helpers import FIXTURES, run_pytest
 
 NOISY = (
     "import sys; sys.stderr.write('<script>alert(1)</script> \\x1b[31mred alert\\x1b[0m token=abcdefgh12345\\n');"
@@ -51,24 +50,11 @@ def _project(root: Path) -> None:
     )
 
 
-def _pytest(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:randomly", *args],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="module")
 def session(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     root = tmp_path_factory.mktemp("gate")
     _project(root)
-    result = _pytest(root, "--spotchaos", "--spotchaos-seed=7", "-n", "2", "--junitxml=junit.xml")
+    result = run_pytest(root, "--spotchaos", "--spotchaos-seed=7", "-n", "2", "--junitxml=junit.xml")
     return root, result
 
 
@@ -256,7 +242,7 @@ def test_replay_command_reproduces_the_verdict_and_divergence(session):
     argv = shlex.split(failing["replay"])
     assert argv[:2] == ["pytest", "--spotchaos"]
     before = failing["verdict"]
-    result = _pytest(root, *argv[1:], "--spotchaos-output=replayed")
+    result = run_pytest(root, *argv[1:], "--spotchaos-output=replayed")
     assert result.returncode == 1, result.stdout[-2000:]
     replayed = json.loads((root / "replayed" / "report.json").read_text())["scenarios"]
     assert len(replayed) == 1
