@@ -358,6 +358,25 @@ def spotchaos_job(request: pytest.FixtureRequest) -> JobSpec:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def spotchaos_moto():
+    """moto's S3 on 127.0.0.1, one per test session (one per xdist worker)."""
+    from .storage import MotoS3
+
+    with MotoS3() as server:
+        yield server
+
+
+@pytest.fixture
+def spotchaos_s3(spotchaos_moto):
+    """A reset S3 behind a fault proxy, with fresh credentials: ``.add(SlowDown(0.3))``,
+    ``.environment()`` for a job's env, ``.client()`` for the test itself."""
+    from .storage import S3Service
+
+    with S3Service(spotchaos_moto) as service:
+        yield service
+
+
 def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
     parts = ["pytest", "--spotchaos", f"--spotchaos-seed={state.options.seed}"]
     if plan:

@@ -1,0 +1,36 @@
+"""Object storage for chaos: moto's S3 on loopback, and a fault proxy in front of it."""
+
+from .faults import (
+    Bandwidth,
+    ExpiredToken,
+    Fault,
+    Hang,
+    InternalError,
+    Latency,
+    ReadOnly,
+    Request,
+    ResetMidUpload,
+    S3Error,
+    SlowDown,
+)
+from .moto_server import MotoS3
+from .proxy import FaultProxy
+from .service import Credentials, S3Service
+
+__all__ = [
+    "Bandwidth",
+    "Credentials",
+    "ExpiredToken",
+    "Fault",
+    "FaultProxy",
+    "Hang",
+    "InternalError",
+    "Latency",
+    "MotoS3",
+    "ReadOnly",
+    "Request",
+    "ResetMidUpload",
+    "S3Error",
+    "S3Service",
+    "SlowDown",
+]

@@ -1,0 +1,251 @@
+"""An HTTP proxy in front of the S3 server that applies storage faults, on 127.0.0.1 only.
+
+Jobs get the proxy's address as ``AWS_ENDPOINT_URL``; the proxy forwards each request to moto
+unless an enabled fault answers, delays, throttles, resets or holds it. Faults can be added and
+switched on and off while a job runs (credentials that expire mid-run). A context manager owns
+the server thread: leaving it stops the proxy and wakes every held request.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from urllib.parse import urlsplit
+
+from ..errors import BackendError
+from .faults import Fault, Request, S3Error
+
+LOOPBACK = "127.0.0.1"
+CHUNK = 64 * 1024
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
+
+
+class _Throttle:
+    """Paces a byte stream to ``rate`` bytes per second (None: no cap)."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self.started = time.monotonic()
+        self.sent = 0
+
+    def account(self, count: int) -> None:
+        self.sent += count
+        if self.rate:
+            ahead = self.sent / self.rate - (time.monotonic() - self.started)
+            if ahead > 0:
+                time.sleep(ahead)
+
+
+class FaultProxy:
+    """``with FaultProxy(moto.endpoint) as proxy: proxy.add(SlowDown(0.3))``."""
+
+    def __init__(self, upstream: str, faults: list[Fault] | None = None, port: int = 0) -> None:
+        parts = urlsplit(upstream)
+        if parts.hostname not in (LOOPBACK, "localhost"):
+            raise BackendError(f"the fault proxy forwards to loopback only, not {upstream}")
+        self.upstream = (parts.hostname, parts.port or 80)
+        self.faults: list[Fault] = list(faults or [])
+        self.port = port
+        self.requests = 0  # forwarded or answered, for the report
+        self.injected: dict[str, int] = {}  # fault name -> times it acted
+        self.uploads: list[tuple[int, float]] = []  # (body bytes, seconds from first to last byte)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if self._server is None:
+            raise BackendError("the fault proxy is not running")
+        return f"http://{LOOPBACK}:{self._server.server_port}"
+
+    def add(self, fault: Fault) -> Fault:
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def clear(self) -> None:
+        with self._lock:
+            self.faults.clear()
+
+    def active(self) -> list[Fault]:
+        with self._lock:
+            return [f for f in self.faults if f.enabled]
+
+    def _count(self, fault: Fault) -> None:
+        with self._lock:
+            self.injected[fault.name] = self.injected.get(fault.name, 0) + 1
+
+    def start(self) -> FaultProxy:
+        proxy = self
+
+        class Handler(_ProxyHandler):
+            owner = proxy
+
+        try:
+            self._server = ThreadingHTTPServer((LOOPBACK, self.port), Handler)
+        except OSError as exc:
+            raise BackendError(
+                f"cannot start the S3 fault proxy on {LOOPBACK}:{self.port}: {exc.strerror or exc}"
+            ) from None
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="spotchaos-s3-proxy", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes held requests
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # botocore keeps connections alive
+    owner: FaultProxy
+
+    def log_message(self, format: str, *args) -> None:
+        pass  # a job's storage traffic is not the test session's output
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
+
+    def _handle(self) -> None:
+        owner = self.owner
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        length = int(headers.get("content-length", "0") or 0)
+        request = Request(self.command, self.path, headers, length)
+        faults = owner.active()
+        with owner._lock:
+            owner.requests += 1
+        pause = sum(f.delay(request) for f in faults)
+        if pause:
+            time.sleep(pause)
+        answer = next(((f, e) for f in faults if (e := f.answer(request)) is not None), None)
+        held = next(((f, h) for f in faults if (h := f.hang(request))), None)
+        upstream = None
+        if answer is None and held is None:
+            upstream = http.client.HTTPConnection(*owner.upstream, timeout=120)
+        try:
+            if not self._stream_body(request, faults, upstream):
+                return  # the connection was reset on purpose
+            if held is not None:  # the body arrived; the answer never does
+                owner._count(held[0])
+                owner._stopping.wait(held[1])
+                self.close_connection = True
+                return
+            if answer is not None:
+                owner._count(answer[0])
+                self._send_error(answer[1])
+                return
+            self._relay(upstream.getresponse(), faults, request)
+        finally:
+            if upstream is not None:
+                upstream.close()
+
+    def _stream_body(self, request: Request, faults: list[Fault], upstream: http.client.HTTPConnection | None) -> bool:
+        """Pass the request body on as it arrives (so S3's own processing overlaps the transfer),
+        paced by the upload cap; False if a fault reset the connection part-way."""
+        rates = [r for f in faults if (r := f.upload_rate(request))]
+        resets = [(n, f) for f in faults if (n := f.reset_after(request)) is not None]
+        reset_at = min(resets, key=lambda item: item[0]) if resets else None
+        throttle = _Throttle(min(rates) if rates else None)
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        body = self._read_chunked(throttle) if chunked else None
+        if upstream is not None:
+            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for key, value in self.headers.items():
+                if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
+                    upstream.putheader(key, value)
+            upstream.putheader("Content-Length", str(len(body) if chunked else request.body_length))
+            upstream.endheaders()
+            if chunked:
+                upstream.send(body)
+        if chunked:
+            return True
+        remaining = request.body_length
+        while remaining:
+            chunk = self.rfile.read(min(CHUNK, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+            if upstream is not None:
+                upstream.send(chunk)
+            throttle.account(len(chunk))
+            if reset_at is not None and throttle.sent >= reset_at[0]:
+                self.owner._count(reset_at[1])
+                self._reset()
+                return False
+        if throttle.sent:
+            with self.owner._lock:
+                self.owner.uploads.append((throttle.sent, time.monotonic() - throttle.started))
+        return True
+
+    def _read_chunked(self, throttle: _Throttle) -> bytes:
+        parts = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+            throttle.account(size)
+
+    def _reset(self) -> None:
+        """Close with RST, not FIN: the client sees 'connection reset by peer' mid-upload."""
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        self.connection.close()
+
+    def _send_error(self, error: S3Error) -> None:
+        request_id = uuid.uuid4().hex[:16].upper()
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{error.code}</Code><Message>{error.message}</Message>"
+            f"<RequestId>{request_id}</RequestId><HostId>spotchaos-fault-proxy</HostId></Error>"
+        ).encode()
+        self.send_response(error.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("x-amz-request-id", request_id)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _relay(self, response: http.client.HTTPResponse, faults: list[Fault], request: Request) -> None:
+        payload = response.read()
+        self.send_response(response.status, response.reason)
+        for key, value in response.getheaders():
+            if key.lower() not in HOP_BY_HOP and key.lower() not in ("content-length", "server", "date"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        rates = [r for f in faults if (r := f.download_rate(request))]
+        throttle = _Throttle(min(rates) if rates else None)
+        for start in range(0, len(payload), CHUNK):
+            piece = payload[start : start + CHUNK]
+            self.wfile.write(piece)
+            throttle.account(len(piece))

@@ -1,0 +1,78 @@
+"""The S3 service a job sees: moto behind the fault proxy, with credentials made for this run.
+
+Each :class:`S3Service` makes a fresh access key and a unique secret, so a leak of the secret
+anywhere in what the harness captured can be searched for exactly (and redacted by the report).
+Jobs receive everything through their environment (``environment()``), as on a real cloud.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from .faults import Fault
+from .moto_server import MotoS3
+from .proxy import FaultProxy
+
+REGION = "us-east-1"
+
+
+@dataclass
+class Credentials:
+    access_key: str = field(default_factory=lambda: "AKIA" + secrets.token_hex(8).upper())
+    secret_key: str = field(default_factory=lambda: "spotchaos-" + secrets.token_urlsafe(24))
+
+
+class S3Service:
+    """``with S3Service(moto) as s3:`` a fault proxy in front of a (reset) moto server."""
+
+    def __init__(self, moto: MotoS3) -> None:
+        self.moto = moto
+        self.proxy = FaultProxy(moto.endpoint)
+        self.credentials = Credentials()
+
+    @property
+    def endpoint(self) -> str:
+        return self.proxy.endpoint
+
+    def add(self, fault: Fault) -> Fault:
+        return self.proxy.add(fault)
+
+    def clear(self) -> None:
+        self.proxy.clear()
+
+    def environment(self, credentials: Credentials | None = None) -> dict[str, str]:
+        """What a job needs to reach this S3 (and nothing else: no instance metadata lookups)."""
+        creds = credentials or self.credentials
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": creds.access_key,
+            "AWS_SECRET_ACCESS_KEY": creds.secret_key,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_RETRY_MODE": "standard",
+        }
+
+    def client(self, credentials: Credentials | None = None, **config):
+        """A boto3 S3 client with these credentials and the standard retry mode."""
+        import boto3
+        from botocore.config import Config
+
+        creds = credentials or self.credentials
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=creds.access_key,
+            aws_secret_access_key=creds.secret_key,
+            config=Config(retries={"mode": "standard", "total_max_attempts": config.pop("attempts", 5)}, **config),
+        )
+
+    def __enter__(self) -> S3Service:
+        self.moto.reset()
+        self.proxy.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.proxy.stop()
