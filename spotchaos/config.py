@@ -25,6 +25,7 @@ from .presets import GRACE_WINDOWS, MTBF_PRESETS
 from .redact import secret_values
 
 PYTHON_ALIASES = ("python", "python3")
+STORAGES = ("local", "s3")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class JobSpec:
     log: LogSpec | None = None  # read steps from printed output instead of probe events
     resume_args: tuple[str, ...] = ()  # appended to command on restarts ("--resume", "init_from=resume")
     parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
+    storage: str = "local"  # "s3": checkpoints go to s3://<fresh bucket>/ckpt on the harness's moto
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -112,6 +114,7 @@ class JobSpec:
             "env": self.env,
             "cwd": self.cwd,
             "log": self.log.describe() if self.log else None,
+            "storage": self.storage,
         }
         if self.container is not None:  # another image may hold another torch: its own reference
             shaping["container"] = self.container.describe()
@@ -147,6 +150,7 @@ _JOB_KEYS = {
     "log",
     "resume_args",
     "parametrize",
+    "storage",
     *_NUMBER_KEYS,
 }
 
@@ -224,6 +228,10 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         )
     if "log" in table:
         kwargs["log"] = log_from_mapping(table["log"], where("log"))
+    if "storage" in table:
+        if table["storage"] not in STORAGES:
+            raise ConfigError(f"{where('storage')}: must be one of {', '.join(STORAGES)}, got {table['storage']!r}")
+        kwargs["storage"] = table["storage"]
     if "parametrize" in table:
         if not isinstance(table["parametrize"], bool):
             raise ConfigError(f"{where('parametrize')}: must be true or false")

@@ -12,6 +12,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -38,6 +39,8 @@ class EngineOptions:
     root: Path  # where relative job paths are resolved: the project root
     backend: Backend | None = None
     trace_fs: bool = False  # log the job's file-system events under its checkpoint directory
+    extra_env: tuple[tuple[str, str], ...] = ()  # set last: S3 endpoint, credentials, an s3:// checkpoint URI
+    before_restart: Callable[[int], None] | None = None  # called with the attempt's index before each restart
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -160,7 +163,11 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
     attempts: list[Attempt] = []
     for index in range(len(plan.preemptions) + 1):
         preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
-        attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options.trace_fs)
+        if index > 0 and options.before_restart is not None:
+            options.before_restart(index)  # e.g. the storage refuses the restarted job's credentials
+        attempt = _run_attempt(
+            job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options.trace_fs, options.extra_env
+        )
         attempts.append(attempt)
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
@@ -185,6 +192,7 @@ def _run_attempt(
     run_id: str,
     backend: Backend,
     trace_fs: bool = False,
+    extra_env: tuple[tuple[str, str], ...] = (),
 ) -> Attempt:
     folder = workdir / f"attempt-{index}"
     folder.mkdir()
@@ -205,6 +213,7 @@ def _run_attempt(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    env.update(dict(extra_env))
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
     # an output directory writes where the harness works on copies.
     argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(checkpoints.resolve())) for a in job.argv(resume=index > 0))
@@ -317,6 +326,10 @@ def _durable_checkpoints(attempts: list[Attempt], root: Path) -> list[tuple[int,
         for event in attempt.of_kind("checkpoint"):
             parsed = urlparse(event["uri"])
             path = Path(unquote(parsed.path)).resolve()
+            if parsed.scheme == "s3":
+                raise OutsideCheckpoint(
+                    f"checkpoint {event['uri']} is in S3: damaging S3 objects between attempts is not supported yet"
+                )
             if parsed.scheme not in ("", "file") or not path.is_relative_to(base) or path == base:
                 raise OutsideCheckpoint(
                     f"the job reported checkpoint {event['uri']} outside the run's own directory {base.as_uri()} "

@@ -53,3 +53,10 @@ def redact(value: Any, secrets: Iterable[str]) -> Any:
         return item
 
     return scrub(value)
+
+
+def find_leaks(captured: Mapping[str, str], secret: str) -> list[str]:
+    """Names of the captured texts (stdout, stderr, events, reports...) that hold ``secret`` or its
+    first 8 characters: a scan for the unique secret the harness handed a run."""
+    needles = {secret, secret[:PREFIX_CHARS]} if len(secret) > PREFIX_CHARS else {secret}
+    return sorted(name for name, text in captured.items() if any(n in text for n in needles))

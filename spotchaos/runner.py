@@ -11,10 +11,11 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import HealthCheck, Phase, given, reject
 from hypothesis import seed as hypothesis_seed
@@ -27,13 +28,18 @@ from .backends.docker import DockerBackend, DockerSession
 from .config import JobSpec
 from .cost import estimate
 from .engine import FS_EVENTS, EngineOptions, read_fs_events, run_job
-from .errors import SpotchaosError
+from .errors import JobError, SpotchaosError
 from .overhead import measure_overhead, notice_flushes
 from .plan import Plan, Preemption
 from .presets import MTBF_PRESETS
+from .probe import ENV_CHECKPOINT_URI
+from .redact import find_leaks, redact
 from .strategies import preemption_plans
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
+
+if TYPE_CHECKING:
+    from .storage import Fault, S3Service
 
 PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
 
@@ -91,6 +97,8 @@ class ChaosRunner:
         self._lock = threading.Lock()
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
+        self._moto = None
+        self._s3 = None  # started with the first job that checkpoints to S3
 
     def _next_dir(self, label: str) -> Path:
         with self._lock:
@@ -115,7 +123,29 @@ class ChaosRunner:
                 if self._docker is None:
                     self._docker = DockerSession()  # DockerUnavailable: the plugin skips or fails
             backend = DockerBackend(self._docker, job.container)
-        return EngineOptions(root=self.root, backend=backend, trace_fs=trace_fs)
+        extra: tuple[tuple[str, str], ...] = ()
+        if job.storage == "s3":
+            extra = tuple(self.s3_run_environment().items())
+        return EngineOptions(root=self.root, backend=backend, trace_fs=trace_fs, extra_env=extra)
+
+    @property
+    def s3(self) -> S3Service:
+        """The harness's S3 (moto behind the fault proxy), started with the first S3 job; tests and
+        scenarios add storage faults to it."""
+        with self._lock:
+            if self._s3 is None:
+                from .storage import MotoS3, S3Service
+
+                self._moto = MotoS3().start()
+                self._s3 = S3Service(self._moto).__enter__()
+            return self._s3
+
+    def s3_run_environment(self) -> dict[str, str]:
+        """A fresh bucket for one run (the harness works on its own copies) and how to reach it."""
+        service = self.s3
+        bucket = f"spotchaos-{uuid.uuid4().hex[:12]}"
+        service.client(direct=True).create_bucket(Bucket=bucket)
+        return {**service.environment(), ENV_CHECKPOINT_URI: f"s3://{bucket}/ckpt"}
 
     def containers(self) -> list[dict[str, Any]]:
         """Images the session's containers ran (name, id, digests), for the report."""
@@ -338,10 +368,87 @@ class ChaosRunner:
             detail = "; ".join(f.message() for f in failed) or "no notice was delivered"
             raise BudgetFailure(f"job {job.name!r}: {detail}")
 
+    def check_storage_refusal(self, job: JobSpec, fault: Fault, record: ScenarioRecord | None = None) -> dict[str, Any]:
+        """S3 refuses the restarted job (bad, expiring or read-only credentials): it must end with a
+        non-zero exit and a message naming the problem, change no checkpoint object that existed
+        before, and show the run's secret nowhere in what the harness captured.
+
+        The run: hard kill after the first checkpoint; ``fault`` on before the restart; the restart
+        must fail. Returns the figures for the report.
+        """
+        if job.storage != "s3":
+            raise SpotchaosError(f'job {job.name!r} does not checkpoint to S3 (storage = "s3")')
+        steps = self.checkpoint_steps(job)
+        if not steps:
+            raise SpotchaosError(f"job {job.name!r} reported no checkpoint: nothing to refuse")
+        options = self._options(job)
+        env = dict(options.extra_env)
+        bucket = env[ENV_CHECKPOINT_URI].removeprefix("s3://").split("/")[0]
+        service = self.s3
+        secret = env["AWS_SECRET_ACCESS_KEY"]
+        before: dict[str, str] = {}
+
+        def refuse(index: int) -> None:
+            before.update(service.object_digests(bucket))
+            fault.enabled = True
+            service.add(fault)
+
+        fault.enabled = False
+        options = EngineOptions(
+            root=options.root, backend=options.backend, extra_env=options.extra_env, before_restart=refuse
+        )
+        workdir = self._next_dir(f"{job.name}-refused")
+        problems: list[str] = []
+        message = ""
+        try:
+            run_job(job, Plan((Preemption(steps[0] + 1, "sigkill"),)), workdir, options)
+            problems.append(f"the restarted job finished although S3 answered {fault.name}: did it checkpoint at all?")
+        except JobError as exc:
+            message = str(exc)
+        finally:
+            fault.enabled = False
+        after = service.object_digests(bucket)
+        changed = sorted(k for k in before if after.get(k) != before[k])
+        if changed:
+            problems.append(f"checkpoint objects that existed before changed or vanished: {', '.join(changed[:5])}")
+        captured = {
+            str(p.relative_to(workdir)): p.read_text(errors="replace")
+            for p in workdir.rglob("*")
+            if p.is_file() and p.suffix in (".log", ".jsonl")
+        }
+        captured["the harness's message"] = message
+        leaks = find_leaks(captured, secret)
+        if leaks:
+            problems.append(f"the run's secret (or its first 8 characters) appears in: {', '.join(leaks)}")
+        if message and " with status " not in message:
+            problems.append(f"the job did not end with a non-zero exit: {message.splitlines()[0]}")
+        figures = {
+            "fault": fault.name,
+            "job_message": redact(message, [secret]),
+            "objects_before": len(before),
+            "objects_changed": changed,
+            "leaks": leaks,
+            "passed": not problems,
+        }
+        if record is not None:
+            record.figures.setdefault("storage", []).append(figures)
+            record.plans_tried += 1
+        if problems:
+            if record is not None:
+                record.passed = False
+            raise BudgetFailure(f"job {job.name!r} under {fault.name}: " + "; ".join(problems))
+        if not self.keep_passing:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return figures
+
     def close(self) -> None:
         """Remove what passed; keep the session's directory only if a failure left something in it."""
         if self._docker is not None:
             self._docker.close()
+        if self._s3 is not None:
+            self._s3.__exit__(None, None, None)
+            self._moto.stop()
+            self._s3 = self._moto = None
         if not self.keep_passing:
             for reference in self._references.values():
                 shutil.rmtree(reference.workdir, ignore_errors=True)

@@ -308,6 +308,7 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
     durable: int | None = None
     previous: Attempt | None = None
     damage: Damage | None = None  # applied before a restart, judged at the first restart that resumes
+    durable_uris: dict[str, int] = {}  # every checkpoint reported durable so far -> its step
     for attempt in chaos.attempts:
         point = resumed[attempt.index]
         crashed_before_resuming = point is None and not attempt.steps and attempt.fault is not None
@@ -331,6 +332,19 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
                     f"attempt {attempt.index} resumed after step {start} although a checkpoint after step "
                     f"{durable} was durable and no rollback was reported: work was lost silently"
                 )
+            elif attempt.of_kind("rollback"):
+                # a rollback skips what did not verify, and only that: nothing here was damaged, so
+                # the newest durable checkpoint it did not skip must still be the one resumed
+                skipped = {e["skipped_uri"] for e in attempt.of_kind("rollback")}
+                intact = [step for uri, step in durable_uris.items() if uri not in skipped]
+                if intact and start < max(intact):
+                    failures.append(
+                        f"attempt {attempt.index} rolled back past an intact checkpoint: it resumed after step "
+                        f"{start}, but the checkpoint after step {max(intact)} was durable and not the one it "
+                        "skipped (does the resume trust a 'latest' pointer with no fallback?)"
+                    )
+        for event in attempt.of_kind("checkpoint"):
+            durable_uris[event["uri"]] = event["step"]
         steps = [e["step"] for e in attempt.of_kind("checkpoint")]
         if steps:
             durable = max(steps) if durable is None else max(durable, *steps)

@@ -194,3 +194,13 @@ class ReadOnly(Fault):
         if request.method in WRITE_METHODS and self.access_key in (None, request.access_key):
             return S3Error(403, "AccessDenied", "Access Denied")
         return None
+
+
+@dataclass
+class InvalidCredentials(Fault):
+    """Every request is ``403 InvalidAccessKeyId``: a wrong or deleted access key from the start."""
+
+    name: str = field(default="invalid-credentials", init=False)
+
+    def answer(self, request: Request) -> S3Error | None:
+        return S3Error(403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our records.")

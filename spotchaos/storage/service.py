@@ -21,7 +21,8 @@ REGION = "us-east-1"
 @dataclass
 class Credentials:
     access_key: str = field(default_factory=lambda: "AKIA" + secrets.token_hex(8).upper())
-    secret_key: str = field(default_factory=lambda: "spotchaos-" + secrets.token_urlsafe(24))
+    # all random: a fixed prefix would make "the first 8 characters" match harmless text
+    secret_key: str = field(default_factory=lambda: secrets.token_urlsafe(30))
 
 
 class S3Service:
@@ -54,20 +55,33 @@ class S3Service:
             "AWS_RETRY_MODE": "standard",
         }
 
-    def client(self, credentials: Credentials | None = None, **config):
-        """A boto3 S3 client with these credentials and the standard retry mode."""
+    def client(self, credentials: Credentials | None = None, *, direct: bool = False, **config):
+        """A boto3 S3 client with these credentials and the standard retry mode; ``direct`` goes
+        to moto past the fault proxy (the harness's own setup is not the job's traffic)."""
         import boto3
         from botocore.config import Config
 
         creds = credentials or self.credentials
         return boto3.client(
             "s3",
-            endpoint_url=self.endpoint,
+            endpoint_url=self.moto.endpoint if direct else self.endpoint,
             region_name=REGION,
             aws_access_key_id=creds.access_key,
             aws_secret_access_key=creds.secret_key,
             config=Config(retries={"mode": "standard", "total_max_attempts": config.pop("attempts", 5)}, **config),
         )
+
+    def object_digests(self, bucket: str) -> dict[str, str]:
+        """sha256 of every object in ``bucket``, read past the fault proxy: the before/after evidence."""
+        import hashlib
+
+        s3 = self.client(direct=True)
+        digests = {}
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for item in page.get("Contents", []):
+                body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+                digests[item["Key"]] = hashlib.sha256(body).hexdigest()
+        return digests
 
     def __enter__(self) -> S3Service:
         self.moto.reset()
