@@ -199,3 +199,24 @@ def test_a_crash_that_leaves_nothing_loadable_names_the_crash_point():
     )
     text = judge(REFERENCE, chaos).message()
     assert "crash before os.rename ckpt-7 (file-system event 9) in attempt 0 left neither the old nor the new" in text
+
+
+def test_rollback_past_an_intact_checkpoint_is_a_failure_and_a_rollback_to_it_is_not():
+    """Two durable checkpoints; the restart skips the newest (said so) and must land on the older one."""
+
+    def chaos(resume_after):
+        first = [*(step(i, lr=0.1 * i) for i in range(7)), ckpt(2), ckpt(5)]
+        skipped = {"event": "rollback", "skipped_uri": "file:///c5", "reason": "manifest missing"}
+        second = [skipped]
+        if resume_after is not None:
+            second.append({"event": "resume", "from_step": resume_after, "uri": f"file:///c{resume_after}"})
+        start = -1 if resume_after is None else resume_after
+        second += [step(i, lr=0.1 * i) for i in range(start + 1, 10)]
+        second.append(final())
+        kill = FaultRecord("sigkill", 6, 6, 1.0, 1000.0)
+        return record(attempt(0, first, code=-9, fault=kill), attempt(1, second))
+
+    assert judge(REFERENCE, chaos(2)).passed
+    verdict = judge(REFERENCE, chaos(None))  # skipped the bad one, then started over: lost the good one
+    assert not verdict.passed
+    assert any("rolled back past an intact checkpoint: it resumed after step -1" in f for f in verdict.failures)
