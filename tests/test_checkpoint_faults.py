@@ -89,18 +89,17 @@ def test_each_kind_of_boundary_of_a_rotating_save_is_a_survivable_crash_point(ru
     boundaries = runner.save_boundaries(ROTATING)
     kinds = {b["event"] for b in boundaries}
     assert {"os.mkdir", "open-write", "os.rename", "shutil.rmtree"} <= kinds, kinds
-    # The first boundary of each kind and the very last: the scenario in scenarios/ searches the rest.
-    chosen = {b["event"]: b for b in reversed(boundaries)} | {"last": boundaries[-1]}
+    # The first boundary of each of these kinds and the very last: scenarios/ searches the rest (and
+    # scenarios/test_checkpoint_damage.py crashes inside the load on resume, for both jobs).
+    chosen = {
+        b["event"]: b
+        for b in reversed(boundaries)
+        if b["event"] in ("os.mkdir", "open-write", "os.rename", "shutil.rmtree")
+    }
+    chosen["last"] = boundaries[-1]
     for boundary in chosen.values():
         verdict = runner.check(ROTATING, Plan.parse(f"crash@{boundary['index']}"))
         assert verdict.passed, boundary
-
-
-def test_crash_while_loading_on_resume_then_resume_again(runner):
-    kill, reads = runner.resume_boundaries(REFERENCE)
-    assert reads and all(r["event"] == "open-read" for r in reads)
-    for read in (reads[0], reads[-1]):
-        runner.check(REFERENCE, Plan((kill, *Plan.parse(f"crash@{read['index']}").preemptions)))
 
 
 UNSAFE_WRITERS = [
