@@ -8,6 +8,7 @@ outcome for the report. It knows hypothesis but not pytest.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -97,8 +98,8 @@ class ChaosRunner:
         self._lock = threading.Lock()
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
-        self._moto = None
-        self._s3 = None  # started with the first job that checkpoints to S3
+        self._s3: S3Service | None = None  # started with the first job that checkpoints to S3
+        self._resources = contextlib.ExitStack()  # what close() stops: the S3 server and its proxy
 
     def _next_dir(self, label: str) -> Path:
         with self._lock:
@@ -136,8 +137,8 @@ class ChaosRunner:
             if self._s3 is None:
                 from .storage import MotoS3, S3Service
 
-                self._moto = MotoS3().start()
-                self._s3 = S3Service(self._moto).__enter__()
+                moto = self._resources.enter_context(MotoS3())
+                self._s3 = self._resources.enter_context(S3Service(moto))
             return self._s3
 
     def s3_run_environment(self) -> dict[str, str]:
@@ -445,10 +446,8 @@ class ChaosRunner:
         """Remove what passed; keep the session's directory only if a failure left something in it."""
         if self._docker is not None:
             self._docker.close()
-        if self._s3 is not None:
-            self._s3.__exit__(None, None, None)
-            self._moto.stop()
-            self._s3 = self._moto = None
+        self._resources.close()
+        self._s3 = None
         if not self.keep_passing:
             for reference in self._references.values():
                 shutil.rmtree(reference.workdir, ignore_errors=True)

@@ -30,15 +30,15 @@ BUCKET = "checkpoints"
 pytest_plugins = ["pytester"]
 
 
-@pytest.fixture(scope="module")
-def moto():
-    with MotoS3() as server:
-        yield server
+@pytest.fixture
+def moto(spotchaos_moto):
+    """The plugin's session-wide moto server (what scenarios get), reset for each test."""
+    spotchaos_moto.reset()
+    return spotchaos_moto
 
 
 @pytest.fixture
 def proxy(moto):
-    moto.reset()
     with FaultProxy(moto.endpoint) as fault_proxy:
         client(fault_proxy).create_bucket(Bucket=BUCKET)
         yield fault_proxy
@@ -130,7 +130,6 @@ def test_reset_mid_upload_never_lands_a_torn_object(proxy):
 
 
 def test_hang_outlasts_the_client_timeout_and_stop_releases_it(moto):
-    moto.reset()
     proxy = FaultProxy(moto.endpoint).start()
     try:
         proxy.add(Hang(seconds=120, methods=frozenset({"PUT"})))

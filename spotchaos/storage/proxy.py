@@ -15,13 +15,12 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from urllib.parse import urlsplit
 
 from ..errors import BackendError
 from .faults import Fault, Request, S3Error
+from .loopback import LOOPBACK, LoopbackServer
 
-LOOPBACK = "127.0.0.1"
 CHUNK = 64 * 1024
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
@@ -42,29 +41,23 @@ class _Throttle:
                 time.sleep(ahead)
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     """``with FaultProxy(moto.endpoint) as proxy: proxy.add(SlowDown(0.3))``."""
 
+    label = "S3 fault proxy"
+
     def __init__(self, upstream: str, faults: list[Fault] | None = None, port: int = 0) -> None:
+        super().__init__(port)
         parts = urlsplit(upstream)
         if parts.hostname not in (LOOPBACK, "localhost"):
             raise BackendError(f"the fault proxy forwards to loopback only, not {upstream}")
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults: list[Fault] = list(faults or [])
-        self.port = port
         self.requests = 0  # forwarded or answered, for the report
         self.injected: dict[str, int] = {}  # fault name -> times it acted
         self.uploads: list[tuple[int, float]] = []  # (body bytes, seconds from first to last byte)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def endpoint(self) -> str:
-        if self._server is None:
-            raise BackendError("the fault proxy is not running")
-        return f"http://{LOOPBACK}:{self._server.server_port}"
 
     def add(self, fault: Fault) -> Fault:
         with self._lock:
@@ -83,38 +76,19 @@ class FaultProxy:
         with self._lock:
             self.injected[fault.name] = self.injected.get(fault.name, 0) + 1
 
-    def start(self) -> FaultProxy:
+    def _bind(self) -> ThreadingHTTPServer:
         proxy = self
 
         class Handler(_ProxyHandler):
             owner = proxy
 
-        try:
-            self._server = ThreadingHTTPServer((LOOPBACK, self.port), Handler)
-        except OSError as exc:
-            raise BackendError(
-                f"cannot start the S3 fault proxy on {LOOPBACK}:{self.port}: {exc.strerror or exc}"
-            ) from None
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="spotchaos-s3-proxy", daemon=True)
-        self._thread.start()
-        return self
+        server = ThreadingHTTPServer((LOOPBACK, self.port), Handler)
+        server.daemon_threads = True
+        return server
 
     def stop(self) -> None:
         self._stopping.set()  # wakes held requests
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
-        self.stop()
+        super().stop()
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
