@@ -218,11 +218,12 @@ def test_without_a_daemon_container_scenarios_skip_with_how_to_start_one(tmp_pat
     assert in_ci.returncode == 1 and "1 failed" in in_ci.stdout, in_ci.stdout
 
 
-def test_gpu_job_without_a_gpu_skips_or_fails_when_required(tmp_path):
-    from spotchaos.backends.docker import gpus_present
-
-    if gpus_present():
-        pytest.skip("this machine has a GPU: the no-GPU path cannot be shown here")
+def test_gpu_job_without_a_gpu_skips_or_fails_when_required(docker_session, tmp_path):
+    # The session below sees no nvidia-smi (the GPU probe), so this runs the same on a GPU machine.
+    path = os.pathsep.join(
+        d for d in os.environ.get("PATH", "").split(os.pathsep) if not (Path(d) / "nvidia-smi").exists()
+    )
+    env = {**os.environ, "PATH": path}
     project = tmp_path / "project"
     project.mkdir()
     command = ["python", str(ROOT / "fixtures/reference_trainer.py")]
@@ -233,10 +234,10 @@ def test_gpu_job_without_a_gpu_skips_or_fails_when_required(tmp_path):
     (project / "test_s.py").write_text(
         "def test_resume(spotchaos, spotchaos_job):\n    spotchaos.check(spotchaos_job, 'sigterm@3')\n"
     )
-    skipped = run_pytest(project, "--spotchaos", "-rs", timeout=120)
+    skipped = run_pytest(project, "--spotchaos", "-rs", timeout=120, env=env)
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout
     assert "asks for GPUs (1) and this machine has no NVIDIA GPU" in skipped.stdout
-    required = run_pytest(project, "--spotchaos", "-rs", "--spotchaos-require-gpu", timeout=120)
+    required = run_pytest(project, "--spotchaos", "-rs", "--spotchaos-require-gpu", timeout=120, env=env)
     assert required.returncode == 1 and "GpuUnavailable" in required.stdout, required.stdout
 
 
