@@ -14,10 +14,16 @@ from .compare import METRICS, FailRule, compare
 from .errors import SpotchaosError
 from .history import HISTORY_DIR, SAVED, resolve_run, saved_runs
 from .report import load_report, write_text
-from .report_html import render_html
 from .report_md import render_markdown
 
-RENDERERS = {"md": render_markdown, "html": render_html}
+
+def _render_html(document):
+    from .report_html import render_html  # matplotlib only when a page is drawn
+
+    return render_html(document)
+
+
+RENDERERS = {"md": render_markdown, "html": _render_html}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -165,9 +165,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
         if index > 0 and options.before_restart is not None:
             options.before_restart(index)  # e.g. the storage refuses the restarted job's credentials
-        attempt = _run_attempt(
-            job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options.trace_fs, options.extra_env
-        )
+        attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options)
         attempts.append(attempt)
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
@@ -191,15 +189,14 @@ def _run_attempt(
     checkpoints: Path,
     run_id: str,
     backend: Backend,
-    trace_fs: bool = False,
-    extra_env: tuple[tuple[str, str], ...] = (),
+    options: EngineOptions,
 ) -> Attempt:
     folder = workdir / f"attempt-{index}"
     folder.mkdir()
     events_path = folder / "events.jsonl"
     env = {**backend.inherited_environment(), **job.environment()}
     crash_at = preemption.at_step if preemption is not None and preemption.fault == "crash" else None
-    if crash_at is not None or trace_fs:
+    if crash_at is not None or options.trace_fs:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
         env["SPOTCHAOS_CRASH_ROOT"] = str(checkpoints.resolve())
         env["SPOTCHAOS_CRASH_LOG"] = str(folder / FS_EVENTS)
@@ -213,7 +210,7 @@ def _run_attempt(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    env.update(dict(extra_env))
+    env.update(dict(options.extra_env))
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
     # an output directory writes where the harness works on copies.
     argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(checkpoints.resolve())) for a in job.argv(resume=index > 0))
@@ -225,7 +222,7 @@ def _run_attempt(
         stderr_path=folder / "stderr.log",
         grace_seconds=float(job.grace_seconds or 30.0),
         writable=(workdir.resolve(),),
-        readable=(CRASHPOINT_DIR,) if crash_at is not None or trace_fs else (),
+        readable=(CRASHPOINT_DIR,) if crash_at is not None or options.trace_fs else (),
     )
     reader: EventReader | LogEventReader
     if job.log is not None:

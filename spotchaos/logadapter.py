@@ -24,6 +24,7 @@ from .errors import ConfigError, JobError
 from .events import Event
 
 STREAMS = ("stdout", "stderr")
+SCAN_SECONDS = 0.02  # checkpoint files are looked for at most this often (the engine polls every 3 ms)
 DEFAULT_PATTERN = r"step (?P<step>\d+)\D+?loss[:= ]+(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 
 
@@ -110,6 +111,7 @@ class LogEventReader:
         self._file = None
         self._pending = b""
         self._seen_files: dict[Path, tuple[int, int]] = {}
+        self._scanned_at = 0.0
         self._last_step: int | None = None
         self._started = False
         self.digits: int | None = None  # the fewest significant digits any compared loss had
@@ -169,6 +171,10 @@ class LogEventReader:
         """A checkpoint file that appeared or changed since the last poll, after a printed step."""
         if self.spec.checkpoints is None or self._last_step is None:
             return []
+        now = time.monotonic()
+        if now - self._scanned_at < SCAN_SECONDS:
+            return []  # a directory listing per poll would cost more than the job's own I/O
+        self._scanned_at = now
         events = []
         for path in sorted(self.checkpoint_dir.glob(self.spec.checkpoints)):
             try:
@@ -209,6 +215,9 @@ class LogEventReader:
         self.events.append(self._event("final", step=step, digests=digests))
 
     def close(self) -> None:
+        """The attempt is over: one last look for a checkpoint written just before the exit."""
+        self._scanned_at = 0.0
+        self.events.extend(self._new_checkpoints())
         if self._file is not None:
             self._file.close()
             self._file = None

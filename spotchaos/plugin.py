@@ -23,7 +23,6 @@ from .options import PROFILES, RunOptions, resolve
 from .plan import Plan
 from .redact import redact, secret_values
 from .report import build_report, now_iso, write_json, write_text
-from .report_html import render_html
 from .report_md import render_markdown
 from .runner import BudgetFailure, ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
 from .summary import figure_lines
@@ -463,6 +462,8 @@ class _Collector:
         self.path = write_json(document, self._report_path())
         markdown = render_markdown(document)
         write_text(markdown, self.path.with_name("report.md"))
+        from .report_html import render_html  # matplotlib: loaded when a report is written, not at pytest start
+
         write_text(render_html(document), self.path.with_name("report.html"))
         if state.scenarios:  # a session that ran nothing is not worth comparing against
             self.saved = save_run(document, self.config.rootpath / HISTORY_DIR)

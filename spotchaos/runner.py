@@ -99,7 +99,7 @@ class ChaosRunner:
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
         self._s3: S3Service | None = None  # started with the first job that checkpoints to S3
-        self._resources = contextlib.ExitStack()  # what close() stops: the S3 server and its proxy
+        self._resources = contextlib.ExitStack()  # what close() stops: containers, the S3 server and its proxy
 
     def _next_dir(self, label: str) -> Path:
         with self._lock:
@@ -123,6 +123,7 @@ class ChaosRunner:
             with self._lock:
                 if self._docker is None:
                     self._docker = DockerSession()  # DockerUnavailable: the plugin skips or fails
+                    self._resources.callback(self._docker.close)
             backend = DockerBackend(self._docker, job.container)
         extra: tuple[tuple[str, str], ...] = ()
         if job.storage == "s3":
@@ -444,10 +445,8 @@ class ChaosRunner:
 
     def close(self) -> None:
         """Remove what passed; keep the session's directory only if a failure left something in it."""
-        if self._docker is not None:
-            self._docker.close()
-        self._resources.close()
-        self._s3 = None
+        self._resources.close()  # containers, the S3 proxy and server
+        self._docker = self._s3 = None
         if not self.keep_passing:
             for reference in self._references.values():
                 shutil.rmtree(reference.workdir, ignore_errors=True)

@@ -4,6 +4,7 @@ daemon thread, and on exit shut down, close the socket and join the thread."""
 
 from __future__ import annotations
 
+import abc
 import threading
 from types import TracebackType
 from typing import Any, Self
@@ -13,7 +14,7 @@ from ..errors import BackendError
 LOOPBACK = "127.0.0.1"
 
 
-class LoopbackServer:
+class LoopbackServer(abc.ABC):
     label = "server"  # for messages: "cannot start the <label> on 127.0.0.1:PORT"
 
     def __init__(self, port: int = 0) -> None:
@@ -21,9 +22,9 @@ class LoopbackServer:
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
+    @abc.abstractmethod
     def _bind(self) -> Any:
         """Create and bind the server object (``serve_forever``, ``server_port``, ``shutdown``)."""
-        raise NotImplementedError
 
     @property
     def endpoint(self) -> str:
