@@ -47,6 +47,9 @@ class JobSpec:
     attempt_timeout: float = 1800.0
     provider: str | None = None  # aws, gcp, azure, alibaba-pai-eas, kubernetes
     overhead_budget: float = 0.05  # checkpoint time / training time
+    # the longest one checkpoint may hold training up under storage faults (a SlowDown storm):
+    # finish within it, or give up and say so (probe.checkpoint_failed)
+    checkpoint_budget_seconds: float = 60.0
     mtbf_seconds: float | None = None  # mean time between preemptions, for the interval advisor
     cost: CostInputs = field(default_factory=CostInputs)
     container: ContainerSpec | None = None  # None: a local process group (the subprocess backend)
@@ -64,7 +67,7 @@ class JobSpec:
             raise ConfigError(f"{self.where('provider')}: unknown provider {self.provider!r} (known: {known})")
         if self.grace_seconds is None:
             object.__setattr__(self, "grace_seconds", GRACE_WINDOWS.get(self.provider or "", 30.0))
-        for key in ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout"):
+        for key in ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout", "checkpoint_budget_seconds"):
             _check_number(getattr(self, key), self.where(key), "a number of seconds", 0, 1e6)
         _check_number(self.overhead_budget, self.where("overhead_budget"), "a fraction such as 0.05", 0, 0.9)
         if self.mtbf_seconds is not None:
@@ -136,7 +139,14 @@ class Settings:
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
 
 
-_NUMBER_KEYS = ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout", "overhead_budget")
+_NUMBER_KEYS = (
+    "grace_seconds",
+    "start_timeout",
+    "event_timeout",
+    "attempt_timeout",
+    "overhead_budget",
+    "checkpoint_budget_seconds",
+)
 _JOB_KEYS = {
     "command",
     "resume_command",

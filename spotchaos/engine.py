@@ -12,8 +12,8 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -40,7 +40,11 @@ class EngineOptions:
     backend: Backend | None = None
     trace_fs: bool = False  # log the job's file-system events under its checkpoint directory
     extra_env: tuple[tuple[str, str], ...] = ()  # set last: S3 endpoint, credentials, an s3:// checkpoint URI
-    before_restart: Callable[[int], None] | None = None  # called with the attempt's index before each restart
+    # called with the attempt's index before each restart; may return variables that replace the
+    # run's for that attempt and the ones after it (credentials swapped for a refused key)
+    before_restart: Callable[[int], Mapping[str, str] | None] | None = None
+    # a planned preemption also waits until this says so (a checkpoint upload is in flight)
+    preempt_when: Callable[[], bool] | None = None
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -62,8 +66,16 @@ def _last_lines(text: str, count: int = 8) -> str:
 class _AttemptWatch:
     """Drives one attempt: polls events, delivers its preemption, enforces the timeouts."""
 
-    def __init__(self, job: JobSpec, handle: Handle, reader: EventReader, preemption: Preemption | None):
+    def __init__(
+        self,
+        job: JobSpec,
+        handle: Handle,
+        reader: EventReader,
+        preemption: Preemption | None,
+        preempt_when: Callable[[], bool] | None = None,
+    ):
         self.job = job
+        self.preempt_when = preempt_when
         self.handle = handle
         self.reader = reader
         self.preemption = preemption
@@ -105,6 +117,8 @@ class _AttemptWatch:
     def _maybe_preempt(self, now: float) -> None:
         p = self.preemption
         if p is None or self.fault is not None or self.last_step is None or self.last_step < p.at_step:
+            return
+        if self.preempt_when is not None and not self.preempt_when():
             return
         fault = PREEMPTIONS[p.fault]
         fault.apply(self.handle)
@@ -164,7 +178,9 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
     for index in range(len(plan.preemptions) + 1):
         preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
         if index > 0 and options.before_restart is not None:
-            options.before_restart(index)  # e.g. the storage refuses the restarted job's credentials
+            swapped = options.before_restart(index)  # e.g. the storage refuses the restarted job's credentials
+            if swapped:
+                options = replace(options, extra_env=(*options.extra_env, *swapped.items()))
         attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options)
         attempts.append(attempt)
         if attempt.fault is None or attempt.final is not None:
@@ -231,7 +247,7 @@ def _run_attempt(
     else:
         reader = EventReader(events_path)
     handle = backend.start(spec)
-    watch = _AttemptWatch(job, handle, reader, None if crash_at is not None else preemption)
+    watch = _AttemptWatch(job, handle, reader, None if crash_at is not None else preemption, options.preempt_when)
     orphans: list[int] = []
     try:
         try:

@@ -134,3 +134,42 @@ def notice_flushes(record: RunRecord) -> list[NoticeFlush]:
         flush = (after[0]["t"] - fault.delivered_wall) if after else None
         results.append(NoticeFlush(attempt.index, fault.fault, fault.grace_seconds, flush, fault.exit_seconds))
     return results
+
+
+def checkpoint_blocking(run: RunRecord, unexplained_over: float) -> list[dict[str, Any]]:
+    """How long each checkpoint held training up, attempt by attempt: the durable ones and the ones
+    the job gave up (their own ``seconds``), plus every pause between two steps longer than
+    ``unexplained_over`` seconds that no checkpoint event explains (a job retrying in silence)."""
+    found: list[dict[str, Any]] = []
+    for attempt in run.attempts:
+        previous: dict[str, Any] | None = None
+        explained = False
+        for event in attempt.events:
+            kind = event["event"]
+            if kind in ("checkpoint", "checkpoint_failed"):
+                outcome = "durable" if kind == "checkpoint" else "given up"
+                found.append(
+                    {
+                        "attempt": attempt.index,
+                        "step": event["step"],
+                        "seconds": round(float(event["seconds"]), 4),
+                        "outcome": outcome,
+                        "reason": event.get("reason"),
+                    }
+                )
+                explained = True
+            elif kind == "step":
+                if previous is not None and not explained:
+                    pause = event["t"] - previous["t"] - float(event.get("seconds") or 0.0)
+                    if pause > unexplained_over:
+                        found.append(
+                            {
+                                "attempt": attempt.index,
+                                "step": previous["step"],
+                                "seconds": round(pause, 4),
+                                "outcome": "unreported",
+                                "reason": None,
+                            }
+                        )
+                previous, explained = event, False
+    return found

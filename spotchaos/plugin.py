@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -21,11 +22,22 @@ from .errors import ConfigError, SpotchaosError
 from .history import HISTORY_DIR, save_run
 from .options import PROFILES, RunOptions, resolve
 from .plan import Plan
-from .redact import redact, secret_values
+from .redact import find_leaks, redact, secret_values
 from .report import build_report, now_iso, write_json, write_text
 from .report_md import render_markdown
-from .runner import BudgetFailure, ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
+from .runner import (
+    BudgetFailure,
+    ChaosFailure,
+    ChaosRunner,
+    ExploreSettings,
+    PlanSource,
+    ScenarioRecord,
+    StorageFailure,
+)
 from .summary import figure_lines
+
+if TYPE_CHECKING:
+    from .storage import CredentialSwap, Fault
 
 SKIP_REASON = "chaos scenario: run with --spotchaos (it starts real training jobs)"
 CACHE_SEED = "spotchaos/seed"
@@ -38,11 +50,14 @@ class _State:
     runner: ChaosRunner
     started: str
     scenarios: list[dict[str, Any]] = field(default_factory=list)
+    worker_secrets: list[str] = field(default_factory=list)  # S3 secrets pytest-xdist workers handed out
 
     @property
     def secrets(self) -> list[str]:
-        """Values no output may show: the jobs' secret-named variables, and the session's own."""
-        return [s for job in _selected(self) for s in job.secrets()] + secret_values(os.environ)
+        """Values no output may show: the jobs' secret-named variables, the session's own, and every
+        S3 secret the harness made for a run (here and in xdist workers)."""
+        jobs = [s for job in _selected(self) for s in job.secrets()]
+        return jobs + secret_values(os.environ) + self.runner.secrets + self.worker_secrets
 
 
 STATE = pytest.StashKey[_State]()
@@ -301,6 +316,26 @@ class Scenario:
         record = self._record(job)
         self._guard(record, lambda: self.runner.check_notice_flush(job, record))
 
+    def check_upload_preemption(self, job: JobSpec) -> None:
+        """Kill the job inside a slowed checkpoint upload: the previous checkpoint must stay the
+        newest valid one and the restart resume from it bit-exact (``storage = "s3"`` jobs)."""
+        record = self._record(job)
+        record.plans_tried = 1
+        self._guard(record, lambda: self.runner.check_upload_preemption(job, record))
+
+    def check_storage(self, job: JobSpec, plan: Plan | str, faults: Sequence[Fault]) -> None:
+        """Run ``plan`` with storage ``faults`` on (``SlowDown(0.3)``, ``ResetMidUpload(...)``): every
+        verdict must hold and no checkpoint may block longer than ``checkpoint_budget_seconds``."""
+        record = self._record(job)
+        record.plans_tried = 1
+        self._guard(record, lambda: self.runner.check_storage(job, plan, faults, record))
+
+    def check_storage_refusal(self, job: JobSpec, fault: Fault | CredentialSwap) -> None:
+        """S3 refuses the restart (``UnknownAccessKey()``, ``ReadOnlyKey()``, ``ExpiredToken(...)``):
+        a non-zero exit with a clear message, no checkpoint object changed, no secret shown."""
+        record = self._record(job)
+        self._guard(record, lambda: self.runner.check_storage_refusal(job, fault, record))
+
     def _guard(self, record: ScenarioRecord, action) -> None:
         try:
             action()
@@ -320,7 +355,7 @@ class Scenario:
             record.passed = False
             record.failing_plan = str(failure.plan)
             raise
-        except BudgetFailure:
+        except (BudgetFailure, StorageFailure):
             record.passed = False
             raise
         except SpotchaosError as exc:
@@ -397,9 +432,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         data = asdict(record)
         data["outcome"] = report.outcome
         data["replay"] = _replay_command(item, state, record.failing_plan)
-        records.append(data)
+        records.append(redact(data, state.secrets))  # a job's printed secret stops here, before xdist sends it
     report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
-    if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError | ChaosFailure | BudgetFailure):
+    if call.excinfo is not None and isinstance(
+        call.excinfo.value, SpotchaosError | ChaosFailure | BudgetFailure | StorageFailure
+    ):
         notes = getattr(call.excinfo.value, "__notes__", [])
         replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
         text = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
@@ -424,6 +461,7 @@ class _Collector:
         self.state = state
         self.path: Path | None = None
         self.saved: Path | None = None
+        self.leaks: list[str] = []
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
@@ -443,9 +481,36 @@ class _Collector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.state.scenarios.extend(getattr(report, "spotchaos_records", None) or [])
 
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if hasattr(self.config, "workerinput"):
-            return  # an xdist worker sends its records to the controller, which writes once
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        """pytest-xdist: the S3 secrets a worker made, so the controller can redact and scan for them."""
+        self.state.worker_secrets.extend(getattr(node, "workeroutput", {}).get("spotchaos_secrets", []))
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        """After the JUnit XML is written (so it can be scanned), before the terminal summary."""
+        result = yield
+        if hasattr(self.config, "workerinput"):  # an xdist worker sends its records to the controller
+            self.config.workeroutput["spotchaos_secrets"] = list(self.state.runner.secrets)
+            return result
+        self._write_report()
+        self.leaks = self._scan_for_secrets()
+        if self.leaks:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return result
+
+    def _scan_for_secrets(self) -> list[str]:
+        """Every file this session wrote for people to read, searched for each S3 secret the harness
+        made (and its first 8 characters): redaction is trusted only after it is checked."""
+        files = [self.path, self.path.with_name("report.md"), self.path.with_name("report.html")] if self.path else []
+        xml = _junit_xml(self.config)
+        if xml is not None and Path(xml.logfile).is_file():
+            files.append(Path(xml.logfile))
+        captured = {str(f): f.read_text(errors="replace") for f in files if f.is_file()}
+        secrets = [*self.state.runner.secrets, *self.state.worker_secrets]
+        return sorted({where for secret in secrets for where in find_leaks(captured, secret)})
+
+    def _write_report(self) -> None:
         state = self.state
         jobs = _selected(state)
         document = build_report(
@@ -486,5 +551,7 @@ class _Collector:
             tr.write_line(f"report: {self.path} (and report.md, report.html beside it)")
         if self.saved is not None:
             tr.write_line(f"saved as {self.saved} (compare runs with: spotchaos compare previous latest)")
+        if self.leaks:
+            tr.write_line(f"FAILED: a run's S3 secret (or its first 8 characters) appears in: {', '.join(self.leaks)}")
         seed = self.state.options.seed
         tr.write_line(f"seed: {seed} (replay with --spotchaos-seed={seed})")

@@ -222,6 +222,12 @@ class Probe:
             memory=memory_peaks(),
         )
 
+    def checkpoint_failed(self, step: int, *, seconds: float, reason: str) -> None:
+        """A checkpoint of the state after ``step`` was given up after ``seconds`` (storage kept
+        refusing or was too slow) and training goes on; the previous durable checkpoint stays the
+        newest. Lets the harness tell a job that copes with a storage storm from one that hangs."""
+        self.emit("checkpoint_failed", step=int(step), seconds=float(seconds), reason=str(reason))
+
     def notice(self, signum: int) -> None:
         """The trainer received a preemption notice (call it from the SIGTERM handler).
 

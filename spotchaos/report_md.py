@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .summary import storage_line
+
 
 def _cell(value: Any) -> str:
     text = "" if value is None else str(value)
@@ -79,4 +81,6 @@ def render_markdown(document: dict[str, Any]) -> str:
             for flush in f.get("notice_flush", []):
                 shown = "none" if flush.get("flush_seconds") is None else f"{flush['flush_seconds']:.3g} s"
                 lines.append(f"| {_cell(s['scenario'])} | notice flush | {shown} of {flush.get('window')} s |")
+            for item in f.get("storage", []):
+                lines.append(f"| {_cell(s['scenario'])} | storage | {_cell(storage_line(item))} |")
     return "\n".join(lines) + "\n"

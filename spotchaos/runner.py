@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,7 @@ from .config import JobSpec
 from .cost import estimate
 from .engine import FS_EVENTS, EngineOptions, read_fs_events, run_job
 from .errors import JobError, SpotchaosError
-from .overhead import measure_overhead, notice_flushes
+from .overhead import checkpoint_blocking, measure_overhead, notice_flushes
 from .plan import Plan, Preemption
 from .presets import MTBF_PRESETS
 from .probe import ENV_CHECKPOINT_URI
@@ -40,7 +40,7 @@ from .trajectory import RunRecord
 from .verdict import Verdict, judge
 
 if TYPE_CHECKING:
-    from .storage import Fault, S3Service
+    from .storage import CredentialSwap, Fault, S3Service
 
 PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
 
@@ -61,6 +61,30 @@ class DamageNotApplied(SpotchaosError):
 
 class BudgetFailure(AssertionError):
     """A time budget (checkpoint overhead, notice flush) was exceeded, or could not be measured."""
+
+
+class StorageFailure(AssertionError):
+    """Under a storage fault the job lost a checkpoint, blocked too long, failed unclearly or leaked
+    its secret."""
+
+
+TORN_HINT = (
+    "An interrupted upload must never become the checkpoint a restart loads: upload the data objects "
+    "first, then the manifest, then the latest pointer, and resume from the newest checkpoint whose "
+    "manifest verifies."
+)
+RNG_HINT = (
+    "The loss changed before any preemption: the storage retries drew from the training's random numbers "
+    "(botocore's retry jitter calls Python's global random.random). Keep I/O away from the training RNG: "
+    "save and restore random.getstate() around storage calls, or give the augmentation a random.Random of its own."
+)
+UPLOAD_SECONDS = 2.0  # how long the slowed upload of one checkpoint takes when a kill is aimed inside it
+TORN_AFTER_BYTES = 1024  # the kill waits for an upload this far along: a pointer or a manifest is smaller
+STORAGE_HINT = (
+    "A storage error during a checkpoint must be retried (boto3's standard retry mode) or the checkpoint "
+    "given up within the budget and reported (probe.checkpoint_failed) while training goes on; it must "
+    "never end the job nor become the checkpoint a restart loads."
+)
 
 
 @dataclass
@@ -100,6 +124,7 @@ class ChaosRunner:
         self._docker: DockerSession | None = None  # started with the first container job
         self._s3: S3Service | None = None  # started with the first job that checkpoints to S3
         self._resources = contextlib.ExitStack()  # what close() stops: containers, the S3 server and its proxy
+        self.secrets: list[str] = []  # every S3 secret handed to a job: redacted and searched for in the output
 
     def _next_dir(self, label: str) -> Path:
         with self._lock:
@@ -110,25 +135,21 @@ class ChaosRunner:
         """The uninterrupted run of ``job``, computed once per session and job configuration."""
         key = job.key()
         if key not in self._references:
-            record = run_job(job, Plan(), self._next_dir(f"{job.name}-reference"), self._options(job))
+            record = self._execute(job, Plan(), self._next_dir(f"{job.name}-reference"))
             if not record.steps:
                 raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
             self._references[key] = record
         return self._references[key]
 
-    def _options(self, job: JobSpec, *, trace_fs: bool = False) -> EngineOptions:
-        """The job's backend: its own container image, else a local process group."""
-        backend = None
-        if job.container is not None:
-            with self._lock:
-                if self._docker is None:
-                    self._docker = DockerSession()  # DockerUnavailable: the plugin skips or fails
-                    self._resources.callback(self._docker.close)
-            backend = DockerBackend(self._docker, job.container)
-        extra: tuple[tuple[str, str], ...] = ()
-        if job.storage == "s3":
-            extra = tuple(self.s3_run_environment().items())
-        return EngineOptions(root=self.root, backend=backend, trace_fs=trace_fs, extra_env=extra)
+    def _backend(self, job: JobSpec) -> DockerBackend | None:
+        """The job's backend: its own container image, else None (a local process group)."""
+        if job.container is None:
+            return None
+        with self._lock:
+            if self._docker is None:
+                self._docker = DockerSession()  # DockerUnavailable: the plugin skips or fails
+                self._resources.callback(self._docker.close)
+        return DockerBackend(self._docker, job.container)
 
     @property
     def s3(self) -> S3Service:
@@ -142,12 +163,56 @@ class ChaosRunner:
                 self._s3 = self._resources.enter_context(S3Service(moto))
             return self._s3
 
-    def s3_run_environment(self) -> dict[str, str]:
-        """A fresh bucket for one run (the harness works on its own copies) and how to reach it."""
+    @contextlib.contextmanager
+    def _storage(self, job: JobSpec) -> Iterator[dict[str, str]]:
+        """The run's storage environment. For S3: a fresh bucket (the harness works on its own
+        copies) and an IAM user of the run's own, whose secret is unique to the run, with moto
+        checking signatures and policies while the run lasts."""
+        if job.storage != "s3":
+            yield {}
+            return
         service = self.s3
-        bucket = f"spotchaos-{uuid.uuid4().hex[:12]}"
-        service.client(direct=True).create_bucket(Bucket=bucket)
-        return {**service.environment(), ENV_CHECKPOINT_URI: f"s3://{bucket}/ckpt"}
+        with service.iam():
+            credentials = service.issue()
+            self.secrets.append(credentials.secret_key)
+            bucket = f"spotchaos-{uuid.uuid4().hex[:12]}"
+            service.client(direct=True).create_bucket(Bucket=bucket)
+            yield {**service.environment(credentials), ENV_CHECKPOINT_URI: f"s3://{bucket}/ckpt"}
+
+    def _execute(
+        self,
+        job: JobSpec,
+        plan: Plan,
+        workdir: Path,
+        *,
+        trace_fs: bool = False,
+        storage_faults: Sequence[Fault] = (),
+        before_restart: Callable[[int, Mapping[str, str]], Mapping[str, str] | None] | None = None,
+        preempt_when: Callable[[], bool] | None = None,
+    ) -> RunRecord:
+        """One run of ``job`` under ``plan`` on its backend and storage; ``storage_faults`` are on
+        for the whole run and removed after it; ``before_restart(index, storage_env)`` may swap
+        variables for the restarts."""
+        with self._storage(job) as storage_env:
+            hook = None
+            if before_restart is not None:
+
+                def hook(index: int) -> Mapping[str, str] | None:
+                    return before_restart(index, storage_env)
+
+            options = EngineOptions(
+                root=self.root,
+                backend=self._backend(job),
+                trace_fs=trace_fs,
+                extra_env=tuple(storage_env.items()),
+                before_restart=hook,
+                preempt_when=preempt_when,
+            )
+            with contextlib.ExitStack() as added:
+                for fault in storage_faults:
+                    self.s3.add(fault)
+                    added.callback(self.s3.remove, fault)
+                return run_job(job, plan, workdir, options)
 
     def containers(self) -> list[dict[str, Any]]:
         """Images the session's containers ran (name, id, digests), for the report."""
@@ -156,7 +221,7 @@ class ChaosRunner:
     def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
         reference = self.reference(job)
         workdir = self._next_dir(f"{job.name}-{len(plan.preemptions)}p")
-        record = run_job(job, plan, workdir, self._options(job))
+        record = self._execute(job, plan, workdir)
         verdict = judge(reference, record)
         if verdict.passed and not self.keep_passing:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -251,12 +316,12 @@ class ChaosRunner:
             workdir = Path(record.workdir)
             logs.extend(read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.attempts)
 
-        record = self._run_once(job, plan, "trace", self._options(job, trace_fs=True), read_logs)
+        record = self._run_once(job, plan, "trace", read_logs, trace_fs=True)
         return record, logs
 
-    def _run_once(self, job: JobSpec, plan: Plan, label: str, options: EngineOptions, inspect=None) -> RunRecord:
+    def _run_once(self, job: JobSpec, plan: Plan, label: str, inspect=None, *, trace_fs: bool = False) -> RunRecord:
         """A run whose directory is only needed while ``inspect`` reads it (kept with keep_passing)."""
-        record = run_job(job, plan, self._next_dir(f"{job.name}-{label}"), options)
+        record = self._execute(job, plan, self._next_dir(f"{job.name}-{label}"), trace_fs=trace_fs)
         if inspect is not None:
             inspect(record)
         if not self.keep_passing:
@@ -294,7 +359,7 @@ class ChaosRunner:
 
     def fresh_run(self, job: JobSpec) -> RunRecord:
         """One more uninterrupted run (the overhead scenario measures on it)."""
-        return self._run_once(job, Plan(), "measure", self._options(job))
+        return self._run_once(job, Plan(), "measure")
 
     def timing_run(self, job: JobSpec) -> RunRecord:
         """A run with one SIGTERM half-way, cached per job: notice flush and restart latency.
@@ -370,46 +435,178 @@ class ChaosRunner:
             detail = "; ".join(f.message() for f in failed) or "no notice was delivered"
             raise BudgetFailure(f"job {job.name!r}: {detail}")
 
-    def check_storage_refusal(self, job: JobSpec, fault: Fault, record: ScenarioRecord | None = None) -> dict[str, Any]:
-        """S3 refuses the restarted job (bad, expiring or read-only credentials): it must end with a
-        non-zero exit and a message naming the problem, change no checkpoint object that existed
-        before, and show the run's secret nowhere in what the harness captured.
-
-        The run: hard kill after the first checkpoint; ``fault`` on before the restart; the restart
-        must fail. Returns the figures for the report.
-        """
+    def _require_s3(self, job: JobSpec) -> None:
         if job.storage != "s3":
-            raise SpotchaosError(f'job {job.name!r} does not checkpoint to S3 (storage = "s3")')
+            raise SpotchaosError(f'job {job.name!r} does not checkpoint to S3: add storage = "s3" to it')
+
+    def check_storage(
+        self, job: JobSpec, plan: Plan | str, faults: Sequence[Fault], record: ScenarioRecord | None = None
+    ) -> dict[str, Any]:
+        """Run ``plan`` with storage ``faults`` on for the whole run (a SlowDown storm, resets
+        mid-upload): every verdict must hold, and no checkpoint may hold training up longer than
+        ``job.checkpoint_budget_seconds``; a checkpoint the job gives up and reports
+        (``probe.checkpoint_failed``) is allowed. A fault that never acted fails the scenario as
+        meaningless rather than letting it pass."""
+        self._require_s3(job)
+        plan = Plan.parse(plan) if isinstance(plan, str) else plan
+        reference = self.reference(job)
+        proxy = self.s3.proxy
+        before = dict(proxy.injected)
+        workdir = self._next_dir(f"{job.name}-storage")
+        names = ", ".join(f.name for f in faults)
+        try:
+            run = self._execute(job, plan, workdir, storage_faults=faults)
+        except JobError as exc:
+            figures = {"scenario": "storage faults", "faults": names, "plan": str(plan)}
+            _storage_verdict(record, figures, [str(exc), STORAGE_HINT], f"job {job.name!r} under {names} ({plan}): ")
+        acted = {f.name: proxy.injected.get(f.name, 0) - before.get(f.name, 0) for f in faults}
+        idle = [name for name, count in acted.items() if not count]
+        if idle:
+            raise SpotchaosError(
+                f"job {job.name!r}: {', '.join(idle)} never acted: the job made no S3 request it applies to "
+                "(does it checkpoint through AWS_ENDPOINT_URL?)"
+            )
+        verdict = judge(reference, run)
+        budget = job.checkpoint_budget_seconds
+        blocking = checkpoint_blocking(run, unexplained_over=budget)
+        problems = [] if verdict.passed else [verdict.message()]
+        divergence = verdict.first_divergence
+        if divergence is not None and divergence.resumed_from is None:
+            problems.append(RNG_HINT)
+        for item in blocking:
+            if item["seconds"] > budget:
+                what = {"durable": "the checkpoint", "given up": "the abandoned checkpoint"}.get(item["outcome"])
+                what = what or "an unreported pause (no checkpoint event)"
+                problems.append(
+                    f"{what} after step {item['step']} held training up for {item['seconds']:.1f} s, over the "
+                    f"checkpoint budget of {budget:g} s (checkpoint_budget_seconds)"
+                )
+        if problems:
+            problems.append(STORAGE_HINT)
+        figures = {
+            "scenario": "storage faults",
+            "faults": names,
+            "plan": str(plan),
+            "acted": acted,
+            "checkpoints": blocking,
+            "budget_seconds": budget,
+        }
+        return self._storage_outcome(job, record, plan, run, verdict, reference, figures, problems, names)
+
+    def check_upload_preemption(self, job: JobSpec, record: ScenarioRecord | None = None) -> dict[str, Any]:
+        """Kill the job while a checkpoint is uploading (its uploads slowed to take about
+        ``UPLOAD_SECONDS``; the kill waits for the step that starts the second checkpoint and for an
+        object upload part-way through): the previous checkpoint must stay the newest valid one,
+        and the restart must resume from it bit-exact."""
+        self._require_s3(job)
+        reference = self.reference(job)
+        saves = reference.attempts[0].of_kind("checkpoint")
+        if len(saves) < 2:
+            raise SpotchaosError(f"job {job.name!r} made fewer than 2 checkpoints: none would be left to resume from")
+        torn, size = saves[1]["step"], saves[1]["bytes"]
+        rate = max(size / UPLOAD_SECONDS, 1024.0)
+        plan = Plan((Preemption(torn, "sigkill"),))
+        from .storage import Bandwidth
+
+        try:
+            run = self._execute(
+                job,
+                plan,
+                self._next_dir(f"{job.name}-torn-upload"),
+                storage_faults=[Bandwidth(rate, downloads=False)],
+                preempt_when=lambda: self.s3.proxy.uploading(at_least=TORN_AFTER_BYTES),  # inside a data upload
+            )
+        except JobError as exc:
+            figures = {"scenario": "preempted during a slow upload", "plan": str(plan), "torn_step": torn}
+            problems = [f"killed while the checkpoint after step {torn} was uploading: {exc}", TORN_HINT]
+            _storage_verdict(record, figures, problems, f"job {job.name!r}: ")
+        if torn in [e["step"] for e in run.attempts[0].of_kind("checkpoint")]:
+            raise SpotchaosError(
+                f"job {job.name!r}: the checkpoint after step {torn} finished uploading before the kill "
+                f"({size} bytes at {rate:.0f} B/s): nothing was torn, the scenario proves nothing"
+            )
+        verdict = judge(reference, run)
+        problems = []
+        if not verdict.passed:
+            problems = [
+                f"killed while the checkpoint after step {torn} was uploading: {verdict.message()}",
+                TORN_HINT,
+            ]
+        resumed = [e["from_step"] for a in run.attempts[1:] for e in a.of_kind("resume")]
+        figures = {
+            "scenario": "preempted during a slow upload",
+            "faults": f"bandwidth {rate:.0f} B/s + sigkill@{torn}",
+            "plan": str(plan),
+            "torn_step": torn,
+            "resumed_from": resumed,
+        }
+        return self._storage_outcome(job, record, plan, run, verdict, reference, figures, problems, "a slow upload")
+
+    def _storage_outcome(self, job, record, plan, run, verdict, reference, figures, problems, names) -> dict[str, Any]:
+        if record is not None:
+            _note(record, plan, run, verdict, reference)
+        _storage_verdict(record, figures, problems, f"job {job.name!r} under {names}: ")
+        if not self.keep_passing:
+            shutil.rmtree(run.workdir, ignore_errors=True)
+        return figures
+
+    def check_storage_refusal(
+        self, job: JobSpec, fault: Fault | CredentialSwap, record: ScenarioRecord | None = None
+    ) -> dict[str, Any]:
+        """S3 refuses the restarted job (a key it never issued, a read-only key, a token that
+        expires): it must end with a non-zero exit and a message naming the problem, change no
+        checkpoint object that existed when the refusals began, and show no secret anywhere the
+        harness captured.
+
+        The run: hard kill after the first checkpoint; then ``fault`` on (a proxy fault) or the
+        restart handed other credentials (a :class:`CredentialSwap`, refused by moto's own IAM);
+        the restart must fail. Returns the figures for the report.
+        """
+        from .storage import CredentialSwap
+
+        self._require_s3(job)
         steps = self.checkpoint_steps(job)
         if not steps:
             raise SpotchaosError(f"job {job.name!r} reported no checkpoint: nothing to refuse")
-        options = self._options(job)
-        env = dict(options.extra_env)
-        bucket = env[ENV_CHECKPOINT_URI].removeprefix("s3://").split("/")[0]
         service = self.s3
-        secret = env["AWS_SECRET_ACCESS_KEY"]
-        before: dict[str, str] = {}
+        buckets: list[str] = []
+        before: dict[str, str] = {}  # object key -> sha256 when the refusals began
+        secrets: list[str] = []
 
-        def refuse(index: int) -> None:
-            before.update(service.object_digests(bucket))
+        def evidence() -> None:
+            before.clear()
+            before.update(service.object_digests(buckets[0]))
+
+        def refuse(index: int, storage_env: Mapping[str, str]) -> Mapping[str, str] | None:
+            buckets.append(storage_env[ENV_CHECKPOINT_URI].removeprefix("s3://").split("/")[0])
+            secrets.append(storage_env["AWS_SECRET_ACCESS_KEY"])
+            evidence()
+            if isinstance(fault, CredentialSwap):  # the swapped key cannot write: the state now is the evidence
+                swapped = fault.credentials(service)
+                secrets.append(swapped.secret_key)
+                self.secrets.append(swapped.secret_key)
+                return {"AWS_ACCESS_KEY_ID": swapped.access_key, "AWS_SECRET_ACCESS_KEY": swapped.secret_key}
+            # a token expiring mid-run: what the restart wrote before it expired is legitimate
+            service.proxy.on_first_action(fault, evidence)
             fault.enabled = True
             service.add(fault)
+            return None
 
-        fault.enabled = False
-        options = EngineOptions(
-            root=options.root, backend=options.backend, extra_env=options.extra_env, before_restart=refuse
-        )
+        if not isinstance(fault, CredentialSwap):
+            fault.enabled = False
         workdir = self._next_dir(f"{job.name}-refused")
         problems: list[str] = []
         message = ""
         try:
-            run_job(job, Plan((Preemption(steps[0] + 1, "sigkill"),)), workdir, options)
-            problems.append(f"the restarted job finished although S3 answered {fault.name}: did it checkpoint at all?")
+            self._execute(job, Plan((Preemption(steps[0] + 1, "sigkill"),)), workdir, before_restart=refuse)
+            problems.append(f"the restarted job finished although S3 refused it ({fault.name}): did it checkpoint?")
         except JobError as exc:
             message = str(exc)
         finally:
-            fault.enabled = False
-        after = service.object_digests(bucket)
+            if not isinstance(fault, CredentialSwap):
+                fault.enabled = False
+                service.remove(fault)
+        after = service.object_digests(buckets[0]) if buckets else {}
         changed = sorted(k for k in before if after.get(k) != before[k])
         if changed:
             problems.append(f"checkpoint objects that existed before changed or vanished: {', '.join(changed[:5])}")
@@ -419,26 +616,22 @@ class ChaosRunner:
             if p.is_file() and p.suffix in (".log", ".jsonl")
         }
         captured["the harness's message"] = message
-        leaks = find_leaks(captured, secret)
+        leaks = sorted({where for secret in secrets for where in find_leaks(captured, secret)})
         if leaks:
             problems.append(f"the run's secret (or its first 8 characters) appears in: {', '.join(leaks)}")
         if message and " with status " not in message:
             problems.append(f"the job did not end with a non-zero exit: {message.splitlines()[0]}")
         figures = {
+            "scenario": "credentials refused",
             "fault": fault.name,
-            "job_message": redact(message, [secret]),
+            "job_message": redact(message, secrets),
             "objects_before": len(before),
             "objects_changed": changed,
             "leaks": leaks,
-            "passed": not problems,
         }
         if record is not None:
-            record.figures.setdefault("storage", []).append(figures)
             record.plans_tried += 1
-        if problems:
-            if record is not None:
-                record.passed = False
-            raise BudgetFailure(f"job {job.name!r} under {fault.name}: " + "; ".join(problems))
+        _storage_verdict(record, figures, problems, f"job {job.name!r} under {fault.name}: ", joiner="; ")
         if not self.keep_passing:
             shutil.rmtree(workdir, ignore_errors=True)
         return figures
@@ -452,6 +645,20 @@ class ChaosRunner:
                 shutil.rmtree(reference.workdir, ignore_errors=True)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             self.workdir.rmdir()
+
+
+def _storage_verdict(
+    record: ScenarioRecord | None, figures: dict[str, Any], problems: list[str], prefix: str, joiner: str = " "
+) -> None:
+    """Record a storage scenario's figures (with its problems, for the report) and fail on any."""
+    figures["passed"] = not problems
+    if problems:
+        figures["problems"] = problems
+    if record is not None:
+        record.figures.setdefault("storage", []).append(figures)
+        record.passed = record.passed and not problems
+    if problems:
+        raise StorageFailure(prefix + joiner.join(problems))
 
 
 def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord) -> None:

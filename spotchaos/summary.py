@@ -24,7 +24,34 @@ def figure_lines(figures: dict[str, Any]) -> list[str]:
     for flush in figures.get("notice_flush", []):
         shown = "none" if flush["flush_seconds"] is None else f"{flush['flush_seconds']:.3g} s"
         lines.append(f"notice flush ({flush['fault']}): {shown} of a {flush['window']:g} s window")
+    lines += [storage_line(item) for item in figures.get("storage", [])]
     return lines
+
+
+def storage_line(item: dict[str, Any]) -> str:
+    """One storage scenario's outcome: what S3 did, and what the job did about it."""
+    verdict = "passed" if item.get("passed") else "FAILED"
+    if item.get("scenario") == "credentials refused":
+        changed = len(item.get("objects_changed") or [])
+        leaks = ", ".join(item.get("leaks") or []) or "none"
+        return (
+            f"storage {item['fault']}: {verdict}; {item.get('objects_before', 0)} objects before, "
+            f"{changed} changed; secret found in: {leaks}"
+        )
+    if item.get("scenario") == "preempted during a slow upload":
+        resumed = ", ".join(str(s) for s in item.get("resumed_from") or []) or "none"
+        return (
+            f"storage {item.get('faults', 'a slow upload')}: {verdict}; checkpoint after step "
+            f"{item.get('torn_step')} torn, resumed from step {resumed}"
+        )
+    checkpoints = item.get("checkpoints") or []
+    worst = max((c["seconds"] for c in checkpoints), default=0.0)
+    given_up = sum(1 for c in checkpoints if c.get("outcome") == "given up")
+    acted = ", ".join(f"{name} x{count}" for name, count in (item.get("acted") or {}).items())
+    return (
+        f"storage {item.get('faults')} ({acted}): {verdict}; {len(checkpoints)} checkpoints, {given_up} given up, "
+        f"longest {worst:.2f} s of a {item.get('budget_seconds', 0):g} s budget"
+    )
 
 
 def _side(side: dict[str, Any]) -> str:

@@ -55,6 +55,10 @@ def test_missing_file_or_table_means_no_jobs(tmp_path):
             "[tool.spotchaos.jobs.t]\ncommand = 'x'\ngrace_seconds = -1\n",
             r"\.grace_seconds: must be a number of seconds in \(0, 1e\+06\], got -1",
         ),
+        (
+            "[tool.spotchaos.jobs.t]\ncommand = 'x'\ncheckpoint_budget_seconds = '30'\n",
+            r"\.checkpoint_budget_seconds: must be a number of seconds in \(0, 1e\+06\], got '30'",
+        ),
         ("[tool.spotchaos.jobs.t]\ncommand = 'x'\nenv = {A = 1}\n", r"\.env: must be a table of strings"),
         ("[tool.spotchaos]\nouptut = 'x'\n", r"\[tool.spotchaos\].ouptut: unknown key"),
         ("[tool.spotchaos\n", "not valid TOML"),

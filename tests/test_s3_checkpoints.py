@@ -1,16 +1,16 @@
-"""The reference trainer with its checkpoints in S3 (moto over HTTP on loopback, behind the fault
-proxy): resumes bit-exact, a preemption during a slow upload keeps the previous checkpoint the
-newest valid one, and a credential fault ends the job with a clear message that leaks no secret."""
+"""The storage scenarios against broken trainers (the reference passes them in scenarios/test_storage.py):
+each defect is caught with a message that names it. Also the two ways through a SlowDown storm
+(give a checkpoint up and say so; block past the budget) and the session-end scan for the run's
+secret in the report and the JUnit XML."""
 
 from __future__ import annotations
 
 import pytest
 
-from spotchaos.plan import Plan
-from spotchaos.runner import BudgetFailure, ChaosRunner
-from spotchaos.storage import Bandwidth, ExpiredToken, InvalidCredentials, ReadOnly
+from spotchaos.runner import ChaosRunner, StorageFailure
+from spotchaos.storage import ExpiredToken, Latency, SlowDown
 
-from .helpers import ROOT, trainer_job
+from .helpers import FIXTURES, ROOT, run_pytest, trainer_job
 
 
 @pytest.fixture(scope="module")
@@ -20,47 +20,89 @@ def s3_runner(tmp_path_factory):
     runner.close()
 
 
-def s3_job(*args: str, name: str = "s3"):
-    return trainer_job("reference_trainer", *args, name=name, storage="s3")
+def s3_job(script: str = "reference_trainer", *args: str, name: str | None = None, **kwargs):
+    return trainer_job(script, *args, name=name or script, storage="s3", **kwargs)
 
 
-def test_preemption_during_a_slow_upload_keeps_the_previous_checkpoint(s3_runner):
-    job = s3_job(name="s3-slow")
-    s3_runner.reference(job)
-    throttle = s3_runner.s3.add(Bandwidth(bytes_per_second=40_000, downloads=False))
-    try:
-        # step 7 ends, the checkpoint after it starts uploading (about 2 s at this rate): kill now
-        record, verdict = s3_runner.run(job, Plan.parse("sigkill@7"))
-    finally:
-        throttle.enabled = False
-    assert verdict.passed, verdict.message()  # bit-exact, resumed from S3
-    assert [e["step"] for e in record.attempts[0].of_kind("checkpoint")] == [3]  # the torn one was never durable
-    resume = record.attempts[1].of_kind("resume")[0]
-    assert resume["from_step"] == 3 and resume["uri"].startswith("s3://spotchaos-") and "/ckpt/ckpt-" in resume["uri"]
+def test_latest_pointer_written_before_the_data_is_caught(s3_runner):
+    with pytest.raises(
+        StorageFailure,
+        match=r"(?s)killed while the checkpoint after step 7 was uploading.*NoSuchKey.*"
+        r"upload the data objects first, then the manifest, then the latest pointer",
+    ):
+        s3_runner.check_upload_preemption(s3_job("broken_s3_latest_first"))
 
 
-@pytest.mark.parametrize(
-    "fault",
-    [InvalidCredentials(), ExpiredToken(after_seconds=4.0), ReadOnly()],
-    ids=["bad-credentials-at-start", "expiring-mid-run", "read-only"],
-)
-def test_credential_faults_end_the_job_clearly_and_change_nothing(s3_runner, fault):
-    # 40 steps of 0.1 s: the restart is still training when a mid-run expiry (4 s) strikes
-    job = s3_job("--steps", "40", "--step-seconds", "0.1", name="s3-refused")
-    figures = s3_runner.check_storage_refusal(job, fault)
-    assert figures["passed"] and figures["objects_before"] >= 4 and figures["objects_changed"] == []
-    code = {"invalid-credentials": "InvalidAccessKeyId", "expired-token": "ExpiredToken", "read-only": "AccessDenied"}
-    assert "S3 refused" in figures["job_message"] and code[fault.name] in figures["job_message"]
-    assert "exited with status 3" in figures["job_message"] and figures["leaks"] == []
+def test_trainer_that_crashes_when_throttled_is_caught(s3_runner):
+    job = s3_job("broken_s3_crashes_when_throttled")
+    with pytest.raises(StorageFailure, match=r"(?s)under slow-down.*SlowDown.*must be retried"):
+        s3_runner.check_storage(job, "sigkill@9", [SlowDown(probability=0.25, seed=7)])
+
+
+def test_retries_that_draw_from_the_training_rng_are_caught(s3_runner):
+    job = s3_job("broken_s3_retries_share_rng")
+    with pytest.raises(StorageFailure, match=r"(?s)loss diverged at step \d+ \(attempt 0\).*botocore's retry jitter"):
+        s3_runner.check_storage(job, "sigkill@9", [SlowDown(probability=0.25, seed=7)])
+
+
+def test_a_checkpoint_given_up_and_reported_passes_the_storm(s3_runner):
+    # a deadline no upload can meet: every checkpoint is given up (probe.checkpoint_failed) and
+    # training goes on; the restart starts over, still bit-exact
+    job = s3_job("reference_trainer", "--checkpoint-deadline", "0.001", name="s3-gives-up")
+    figures = s3_runner.check_storage(job, "sigkill@9", [SlowDown(probability=0.25, seed=7)])
+    outcomes = {c["outcome"] for c in figures["checkpoints"]}
+    assert outcomes == {"given up"} and figures["acted"]["slow-down"] > 0
+
+
+def test_a_checkpoint_over_the_budget_fails_with_the_figure(s3_runner):
+    job = s3_job("reference_trainer", name="s3-slow-budget", checkpoint_budget_seconds=0.5)
+    with pytest.raises(
+        StorageFailure,
+        match=r"the checkpoint after step 3 held training up for \d+\.\d s, over the "
+        r"checkpoint budget of 0.5 s \(checkpoint_budget_seconds\)",
+    ):
+        s3_runner.check_storage(job, "sigkill@9", [Latency(seconds=0.2)])
+
+
+def test_credentials_expiring_while_the_restart_trains(s3_runner):
+    # 40 steps of 0.1 s: the restart is training when the token expires (4 s after the restart began)
+    job = s3_job("reference_trainer", "--steps", "40", "--step-seconds", "0.1", name="s3-expiring")
+    figures = s3_runner.check_storage_refusal(job, ExpiredToken(after_seconds=4.0))
+    assert figures["passed"] and figures["objects_changed"] == [] and figures["leaks"] == []
+    assert "ExpiredToken" in figures["job_message"] and "in attempt 1 after step" in figures["job_message"]
 
 
 def test_trainer_that_prints_its_credentials_is_caught(s3_runner):
-    job = trainer_job("broken_s3_leaks_secret", name="s3-leaky", storage="s3")
-    with pytest.raises(BudgetFailure, match=r"the run's secret \(or its first 8 characters\) appears in: .*stderr.log"):
+    job = s3_job("broken_s3_leaks_secret")
+    with pytest.raises(
+        StorageFailure, match=r"the run's secret \(or its first 8 characters\) appears in: .*stderr.log"
+    ):
         s3_runner.check_storage_refusal(job, ExpiredToken())
 
 
 def test_trainer_that_retries_forever_on_expired_token_is_caught(s3_runner):
-    job = trainer_job("broken_s3_retries_forever", name="s3-forever", storage="s3", event_timeout=4)
-    with pytest.raises(BudgetFailure, match=r"did not end with a non-zero exit: .*hangs: no event for 4 s"):
+    job = s3_job("broken_s3_retries_forever", event_timeout=4)
+    with pytest.raises(StorageFailure, match=r"did not end with a non-zero exit: .*hangs: no event for 4 s"):
         s3_runner.check_storage_refusal(job, ExpiredToken())
+
+
+def test_a_secret_that_reaches_the_junit_xml_fails_the_session(tmp_path):
+    """Redaction is checked, not trusted: a test that records the run's secret as a JUnit property
+    (past every redaction) turns a green session red, naming the file."""
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.spotchaos.jobs.s3]\n"
+        f'command = ["python", "{FIXTURES / "reference_trainer.py"}", "--steps", "8", "--checkpoint-every", "4"]\n'
+        'storage = "s3"\n'
+    )
+    (tmp_path / "test_leak.py").write_text(
+        "from spotchaos.storage import UnknownAccessKey\n\n"
+        "def test_refused(spotchaos, spotchaos_job, record_property):\n"
+        "    spotchaos.check_storage_refusal(spotchaos_job, UnknownAccessKey())\n"
+        "    record_property('debug', spotchaos.runner.secrets[0])\n"
+    )
+    result = run_pytest(tmp_path, "--spotchaos", "--junitxml=junit.xml", "test_leak.py")
+    assert "1 passed" in result.stdout, result.stdout[-2000:]
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "a run's S3 secret (or its first 8 characters) appears in:" in result.stdout
+    assert "junit.xml" in result.stdout.split("appears in:")[1].splitlines()[0]
+    assert "report.json" not in result.stdout.split("appears in:")[1].splitlines()[0]

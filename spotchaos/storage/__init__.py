@@ -1,5 +1,6 @@
 """Object storage for chaos: moto's S3 on loopback, and a fault proxy in front of it."""
 
+from .credentials import CredentialSwap, ReadOnlyKey, UnknownAccessKey
 from .faults import (
     Bandwidth,
     ExpiredToken,
@@ -20,6 +21,7 @@ from .service import Credentials, S3Service
 
 __all__ = [
     "Bandwidth",
+    "CredentialSwap",
     "Credentials",
     "ExpiredToken",
     "Fault",
@@ -30,9 +32,11 @@ __all__ = [
     "Latency",
     "MotoS3",
     "ReadOnly",
+    "ReadOnlyKey",
     "Request",
     "ResetMidUpload",
     "S3Error",
     "S3Service",
     "SlowDown",
+    "UnknownAccessKey",
 ]

@@ -54,6 +54,9 @@ class Fault:
     name: str = field(default="fault", init=False)
     enabled: bool = field(default=True, kw_only=True)
 
+    def armed(self) -> None:
+        """Called when a proxy takes the fault on: a fault with a clock starts it here."""
+
     def answer(self, request: Request) -> S3Error | None:
         return None
 
@@ -143,14 +146,18 @@ class InternalError(_Random):
 
 
 @dataclass
-class ResetMidUpload(Fault):
-    """The connection is reset after ``after_bytes`` of an upload's body (a dying NAT, a reclaimed host)."""
+class ResetMidUpload(_Random):
+    """The connection is reset after ``after_bytes`` of an upload's body (a dying NAT, a reclaimed
+    host), for a share ``probability`` of the uploads that long (all of them by default)."""
 
     after_bytes: int = 1 << 20
+    probability: float = 1.0
     name: str = field(default="reset-mid-upload", init=False)
 
     def reset_after(self, request: Request) -> int | None:
-        return self.after_bytes if request.is_upload and request.body_length > self.after_bytes else None
+        if request.is_upload and request.body_length > self.after_bytes and self._hit():
+            return self.after_bytes
+        return None
 
 
 @dataclass
@@ -167,13 +174,16 @@ class Hang(Fault):
 
 @dataclass
 class ExpiredToken(Fault):
-    """From ``after_seconds`` after it is switched on, every request is ``400 ExpiredToken``:
+    """From ``after_seconds`` after it is added to the proxy, every request is ``400 ExpiredToken``:
     credentials that expire mid-run."""
 
     after_seconds: float = 0.0
     name: str = field(default="expired-token", init=False)
 
     def __post_init__(self) -> None:
+        self.armed()
+
+    def armed(self) -> None:
         self._since = time.monotonic()
 
     def answer(self, request: Request) -> S3Error | None:

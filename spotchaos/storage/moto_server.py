@@ -41,7 +41,20 @@ class MotoS3(LoopbackServer):
         return make_server(LOOPBACK, self.port, app, threaded=True, request_handler=QuietHandler)
 
     def reset(self) -> None:
-        """Forget every bucket and object (between scenarios), through moto's own reset API."""
-        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        """Forget every bucket, object and IAM user (between scenarios), through moto's own reset API."""
+        self._post("reset", b"")
+
+    def enforce_auth(self, on: bool) -> None:
+        """Check every request's signature and IAM policy (real ``InvalidAccessKeyId``,
+        ``SignatureDoesNotMatch``, ``AccessDenied``), or accept any credentials (moto's default).
+
+        moto keeps this switch in a module global: it holds for every moto in this process.
+        """
+        self._post("reset-auth", b"0" if on else b"inf")
+
+    def _post(self, action: str, body: bytes) -> None:
+        request = urllib.request.Request(
+            f"{self.endpoint}/moto-api/{action}", data=body, method="POST", headers={"Content-Type": "text/plain"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()

@@ -11,9 +11,11 @@ from __future__ import annotations
 import http.client
 import socket
 import struct
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -32,6 +34,10 @@ class _Throttle:
         self.rate = rate
         self.started = time.monotonic()
         self.sent = 0
+
+    def piece(self) -> int:
+        """Bytes to move at a time: about 1/20 s of the cap, so a capped body trickles, not lurches."""
+        return CHUNK if not self.rate else int(min(CHUNK, max(1024, self.rate / 20)))
 
     def account(self, count: int) -> None:
         self.sent += count
@@ -54,15 +60,22 @@ class FaultProxy(LoopbackServer):
         self.upstream = (parts.hostname, parts.port or 80)
         self.faults: list[Fault] = list(faults or [])
         self.requests = 0  # forwarded or answered, for the report
-        self.injected: dict[str, int] = {}  # fault name -> times it acted
+        self.injected: dict[str, int] = {}  # fault name -> requests it acted on (answered, delayed, paced, reset, held)
         self.uploads: list[tuple[int, float]] = []  # (body bytes, seconds from first to last byte)
+        self._in_flight: dict[int, int] = {}  # upload -> body bytes passed on so far
+        self._watchers: list[tuple[Fault, Callable[[], None]]] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
     def add(self, fault: Fault) -> Fault:
+        fault.armed()
         with self._lock:
             self.faults.append(fault)
         return fault
+
+    def remove(self, fault: Fault) -> None:
+        with self._lock:  # by identity: two faults of equal settings are still two faults
+            self.faults = [f for f in self.faults if f is not fault]
 
     def clear(self) -> None:
         with self._lock:
@@ -72,9 +85,24 @@ class FaultProxy(LoopbackServer):
         with self._lock:
             return [f for f in self.faults if f.enabled]
 
+    def uploading(self, at_least: int = 1) -> bool:
+        """Whether an upload is part-way through: ``at_least`` bytes of its body passed on, not all."""
+        with self._lock:
+            return any(sent >= at_least for sent in self._in_flight.values())
+
+    def on_first_action(self, fault: Fault, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, synchronously, when ``fault`` first acts on a request, before the
+        request is answered: the moment to take evidence of the state the fault found."""
+        with self._lock:
+            self._watchers.append((fault, callback))
+
     def _count(self, fault: Fault) -> None:
         with self._lock:
             self.injected[fault.name] = self.injected.get(fault.name, 0) + 1
+            due = [w for w in self._watchers if w[0] is fault]
+            self._watchers = [w for w in self._watchers if w[0] is not fault]
+        for _, callback in due:
+            callback()
 
     def _bind(self) -> ThreadingHTTPServer:
         proxy = self
@@ -82,13 +110,20 @@ class FaultProxy(LoopbackServer):
         class Handler(_ProxyHandler):
             owner = proxy
 
-        server = ThreadingHTTPServer((LOOPBACK, self.port), Handler)
+        server = _QuietServer((LOOPBACK, self.port), Handler)
         server.daemon_threads = True
         return server
 
     def stop(self) -> None:
         self._stopping.set()  # wakes held requests
         super().stop()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that hangs up mid-answer (killed by a preemption, done reading) is normal here."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
@@ -111,9 +146,11 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         faults = owner.active()
         with owner._lock:
             owner.requests += 1
-        pause = sum(f.delay(request) for f in faults)
-        if pause:
-            time.sleep(pause)
+        delays = [(f, d) for f in faults if (d := f.delay(request))]
+        for fault, _ in delays:
+            owner._count(fault)
+        if delays:
+            time.sleep(sum(d for _, d in delays))
         answer = next(((f, e) for f in faults if (e := f.answer(request)) is not None), None)
         held = next(((f, h) for f in faults if (h := f.hang(request))), None)
         upstream = None
@@ -139,7 +176,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _stream_body(self, request: Request, faults: list[Fault], upstream: http.client.HTTPConnection | None) -> bool:
         """Pass the request body on as it arrives (so S3's own processing overlaps the transfer),
         paced by the upload cap; False if a fault reset the connection part-way."""
-        rates = [r for f in faults if (r := f.upload_rate(request))]
+        rates = self._rates(faults, request, request.body_length, "upload_rate")
         resets = [(n, f) for f in faults if (n := f.reset_after(request)) is not None]
         reset_at = min(resets, key=lambda item: item[0]) if resets else None
         throttle = _Throttle(min(rates) if rates else None)
@@ -157,22 +194,39 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if chunked:
             return True
         remaining = request.body_length
-        while remaining:
-            chunk = self.rfile.read(min(CHUNK, remaining))
-            if not chunk:
-                break
-            remaining -= len(chunk)
-            if upstream is not None:
-                upstream.send(chunk)
-            throttle.account(len(chunk))
-            if reset_at is not None and throttle.sent >= reset_at[0]:
-                self.owner._count(reset_at[1])
-                self._reset()
-                return False
+        token = id(throttle)
+        try:
+            piece = throttle.piece()
+            while remaining:
+                chunk = self.rfile.read(min(piece, remaining))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+                throttle.account(len(chunk))  # paced before S3 sees it: a slow link, not a slow S3
+                if upstream is not None:
+                    upstream.send(chunk)
+                if remaining:
+                    with self.owner._lock:
+                        self.owner._in_flight[token] = throttle.sent
+                if reset_at is not None and throttle.sent >= reset_at[0]:
+                    self.owner._count(reset_at[1])
+                    self._reset()
+                    return False
+        finally:
+            with self.owner._lock:
+                self.owner._in_flight.pop(token, None)
         if throttle.sent:
             with self.owner._lock:
                 self.owner.uploads.append((throttle.sent, time.monotonic() - throttle.started))
         return True
+
+    def _rates(self, faults: list[Fault], request: Request, size: int, direction: str) -> list[float]:
+        """The caps on a body moving in ``direction``; each cap that paces a body counts as acting."""
+        paced = [(f, r) for f in faults if (r := getattr(f, direction)(request))]
+        if size:
+            for fault, _ in paced:
+                self.owner._count(fault)
+        return [r for _, r in paced]
 
     def _read_chunked(self, throttle: _Throttle) -> bytes:
         parts = []
@@ -217,9 +271,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        rates = [r for f in faults if (r := f.download_rate(request))]
+        rates = self._rates(faults, request, len(payload), "download_rate")
         throttle = _Throttle(min(rates) if rates else None)
-        for start in range(0, len(payload), CHUNK):
-            piece = payload[start : start + CHUNK]
-            self.wfile.write(piece)
+        step = throttle.piece()
+        for start in range(0, len(payload), step):
+            piece = payload[start : start + step]
             throttle.account(len(piece))
+            self.wfile.write(piece)
