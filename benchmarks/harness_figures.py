@@ -91,6 +91,72 @@ def checkpoint_throughput(work: Path, repeats: int) -> tuple[float, float, float
     return ckpt / raw, ckpt, raw, size
 
 
+def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], float, int]:
+    """Where (c)'s time goes: the reference trainer's own save, in this process, phase by phase
+    (median over ``saves`` after two warm-up saves), and a raw write+fsync of as many bytes."""
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    import reference_trainer as rt  # its import also switches torch's redundant zip CRC32 off
+
+    from spotchaos.probe import Probe
+
+    folder = work / "phases"
+    folder.mkdir()
+    args = rt.parse_args(["--hidden", "1024", "--checkpoint-dir", str(folder), "--keep", "2"])
+    trainer = rt.Trainer(args, Probe(None))
+    for _, x, y in trainer.batches():
+        trainer.train_step(x, y)  # the optimizer has its moments: a checkpoint of full size
+        break
+    timings: dict[str, list[float]] = {}
+    size = 0
+    for index in range(saves + 2):
+        trainer.step = 100 + index
+        clock = time.perf_counter()
+        warm = index >= 2
+
+        def lap(name: str, warm: bool = warm) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            if warm:
+                timings.setdefault(name, []).append(now - clock)
+            clock = now
+
+        final = trainer.checkpoint_root / trainer.checkpoint_name()
+        tmp = trainer.checkpoint_root / f".tmp-{final.name}"
+        tmp.mkdir()
+        payloads = {
+            "model.pt": trainer.model.state_dict(),
+            "optimizer.pt": trainer.optimizer.state_dict(),
+            "trainer.pt": trainer.trainer_state(),
+        }
+        size = 0
+        for name, obj in payloads.items():
+            size += trainer.write_file(tmp / name, obj)[0]
+        lap("serialize + write + fsync the 3 data files")
+        with open(tmp / rt.MANIFEST, "w") as f:
+            f.write("{}")
+            f.flush()
+            os.fsync(f.fileno())
+        rt.fsync_dir(tmp)
+        trainer.replace_dir(tmp, final)
+        rt.fsync_dir(trainer.checkpoint_root)
+        lap("manifest, rename, directory fsyncs (durable here)")
+        trainer.write_latest(final.name)
+        lap("latest pointer")
+        trainer.rotate()
+        lap("rotation (unlinking the oldest checkpoint)")
+    payload = os.urandom(size)
+    raw = []
+    for _ in range(saves):
+        started = time.perf_counter()
+        with open(folder / "raw.bin", "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        raw.append(time.perf_counter() - started)
+        (folder / "raw.bin").unlink()
+    return {name: statistics.median(values) for name, values in timings.items()}, statistics.median(raw), size
+
+
 def overhead_noise(work: Path, repeats: int) -> tuple[float, float, list[float]]:
     """(d) spread of the overhead fraction across repeated uninterrupted runs."""
     job = JobSpec(name="ref", command=DEFAULT_JOB)
@@ -116,6 +182,15 @@ def main() -> None:
         print(
             f"(c) checkpoint write {ckpt / 1e6:.1f} MB/s vs raw write+fsync {raw / 1e6:.1f} MB/s of {size / 1e6:.1f} MB"
             f" = {ratio_c:.2f} (goal >= 0.7)"
+        )
+        phases, raw_seconds, size = checkpoint_phases(work)
+        for name, seconds in phases.items():
+            print(f"    {name}: {seconds * 1000:.2f} ms")
+        durable, whole = sum(list(phases.values())[:2]), sum(phases.values())
+        print(
+            f"    in-process: raw write+fsync {raw_seconds * 1000:.2f} ms of {size / 1e6:.1f} MB; until durable "
+            f"{durable * 1000:.2f} ms (ratio {raw_seconds / durable:.2f}); whole save {whole * 1000:.2f} ms "
+            f"(ratio {raw_seconds / whole:.2f})"
         )
         spread, relative, fractions = overhead_noise(work, args.repeats)
         shown = ", ".join(f"{f:.2%}" for f in fractions)
