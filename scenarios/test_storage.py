@@ -20,10 +20,10 @@ def test_preempted_during_a_slow_upload(spotchaos, spotchaos_job):
 
 
 def test_slowdown_storm_stays_within_the_checkpoint_budget(spotchaos, spotchaos_job):
-    """503 SlowDown on a quarter of the requests, then a hard kill: every checkpoint completes
+    """503 SlowDown on a fifth of the requests, then a hard kill: every checkpoint completes
     within checkpoint_budget_seconds or is given up and reported, and the resume is bit-exact."""
     last = spotchaos.checkpoint_steps(spotchaos_job)[-1]
-    spotchaos.check_storage(spotchaos_job, f"sigkill@{last + 1}", [SlowDown(probability=0.25, seed=7)])
+    spotchaos.check_storage(spotchaos_job, f"sigkill@{last + 1}", [SlowDown(probability=0.2, seed=7)])
 
 
 def test_connection_reset_mid_upload(spotchaos, spotchaos_job):

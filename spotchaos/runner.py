@@ -78,7 +78,7 @@ RNG_HINT = (
     "(botocore's retry jitter calls Python's global random.random). Keep I/O away from the training RNG: "
     "save and restore random.getstate() around storage calls, or give the augmentation a random.Random of its own."
 )
-UPLOAD_SECONDS = 2.0  # how long the slowed upload of one checkpoint takes when a kill is aimed inside it
+UPLOAD_SECONDS = 1.0  # how long the slowed upload of one checkpoint takes when a kill is aimed inside it
 TORN_AFTER_BYTES = 1024  # the kill waits for an upload this far along: a pointer or a manifest is smaller
 STORAGE_HINT = (
     "A storage error during a checkpoint must be retried (boto3's standard retry mode) or the checkpoint "
@@ -458,7 +458,8 @@ class ChaosRunner:
             run = self._execute(job, plan, workdir, storage_faults=faults)
         except JobError as exc:
             figures = {"scenario": "storage faults", "faults": names, "plan": str(plan)}
-            _storage_verdict(record, figures, [str(exc), STORAGE_HINT], f"job {job.name!r} under {names} ({plan}): ")
+            problems = [str(exc), STORAGE_HINT, *_leak_problems(_captured(workdir), self.secrets)]
+            _storage_verdict(record, figures, problems, f"job {job.name!r} under {names} ({plan}): ")
         acted = {f.name: proxy.injected.get(f.name, 0) - before.get(f.name, 0) for f in faults}
         idle = [name for name, count in acted.items() if not count]
         if idle:
@@ -508,17 +509,19 @@ class ChaosRunner:
         plan = Plan((Preemption(torn, "sigkill"),))
         from .storage import Bandwidth
 
+        workdir = self._next_dir(f"{job.name}-torn-upload")
         try:
             run = self._execute(
                 job,
                 plan,
-                self._next_dir(f"{job.name}-torn-upload"),
+                workdir,
                 storage_faults=[Bandwidth(rate, downloads=False)],
                 preempt_when=lambda: self.s3.proxy.uploading(at_least=TORN_AFTER_BYTES),  # inside a data upload
             )
         except JobError as exc:
             figures = {"scenario": "preempted during a slow upload", "plan": str(plan), "torn_step": torn}
             problems = [f"killed while the checkpoint after step {torn} was uploading: {exc}", TORN_HINT]
+            problems += _leak_problems(_captured(workdir), self.secrets)
             _storage_verdict(record, figures, problems, f"job {job.name!r}: ")
         if torn in [e["step"] for e in run.attempts[0].of_kind("checkpoint")]:
             raise SpotchaosError(
@@ -543,6 +546,7 @@ class ChaosRunner:
         return self._storage_outcome(job, record, plan, run, verdict, reference, figures, problems, "a slow upload")
 
     def _storage_outcome(self, job, record, plan, run, verdict, reference, figures, problems, names) -> dict[str, Any]:
+        problems = [*problems, *_leak_problems(_captured(run.workdir), self.secrets)]
         if record is not None:
             _note(record, plan, run, verdict, reference)
         _storage_verdict(record, figures, problems, f"job {job.name!r} under {names}: ")
@@ -610,13 +614,9 @@ class ChaosRunner:
         changed = sorted(k for k in before if after.get(k) != before[k])
         if changed:
             problems.append(f"checkpoint objects that existed before changed or vanished: {', '.join(changed[:5])}")
-        captured = {
-            str(p.relative_to(workdir)): p.read_text(errors="replace")
-            for p in workdir.rglob("*")
-            if p.is_file() and p.suffix in (".log", ".jsonl")
-        }
+        captured = _captured(workdir)
         captured["the harness's message"] = message
-        leaks = sorted({where for secret in secrets for where in find_leaks(captured, secret)})
+        leaks = _leaks(captured, secrets)
         if leaks:
             problems.append(f"the run's secret (or its first 8 characters) appears in: {', '.join(leaks)}")
         if message and " with status " not in message:
@@ -645,6 +645,26 @@ class ChaosRunner:
                 shutil.rmtree(reference.workdir, ignore_errors=True)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             self.workdir.rmdir()
+
+
+def _captured(workdir: Path | str) -> dict[str, str]:
+    """What the harness captured of a run, by name: every attempt's stdout, stderr and events."""
+    root = Path(workdir)
+    return {
+        str(p.relative_to(root)): p.read_text(errors="replace")
+        for p in root.rglob("*")
+        if p.is_file() and p.suffix in (".log", ".jsonl")
+    }
+
+
+def _leaks(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
+    """Names of the captured texts holding any of ``secrets`` (or its first 8 characters)."""
+    return sorted({where for secret in secrets for where in find_leaks(captured, secret)})
+
+
+def _leak_problems(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
+    leaks = _leaks(captured, secrets)
+    return [f"the run's secret (or its first 8 characters) appears in: {', '.join(leaks)}"] if leaks else []
 
 
 def _storage_verdict(

@@ -153,6 +153,6 @@ def test_a_trainer_without_checkpoint_timings_is_unknown_not_passed(runner, scri
 def test_notice_flush_fits_and_fails_against_half_the_window(runner):
     runner.check_notice_flush(trainer_job(name="flush-ok"))
     # A trainer that takes 1 s per step needs up to a step to reach its boundary: more than half of 1.8 s.
-    slow = trainer_job("reference_trainer", "--step-seconds", "1.0", "--steps", "6", name="slow", grace_seconds=1.8)
+    slow = trainer_job("reference_trainer", "--step-seconds", "1.0", "--steps", "4", name="slow", grace_seconds=1.8)
     with pytest.raises(BudgetFailure, match=r"more than half the 1.8 s grace window"):
         runner.check_notice_flush(slow)

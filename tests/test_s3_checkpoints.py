@@ -40,28 +40,28 @@ def test_trainer_that_crashes_when_throttled_is_caught(s3_runner):
 
 
 def test_retries_that_draw_from_the_training_rng_are_caught(s3_runner):
-    job = s3_job("broken_s3_retries_share_rng")
+    job = s3_job("broken_s3_retries_share_rng", "--steps", "8")  # it diverges before any preemption
     with pytest.raises(StorageFailure, match=r"(?s)loss diverged at step \d+ \(attempt 0\).*botocore's retry jitter"):
-        s3_runner.check_storage(job, "sigkill@9", [SlowDown(probability=0.25, seed=7)])
+        s3_runner.check_storage(job, "", [SlowDown(probability=0.25, seed=7)])
 
 
 def test_a_checkpoint_given_up_and_reported_passes_the_storm(s3_runner):
     # a deadline no upload can meet: every checkpoint is given up (probe.checkpoint_failed) and
     # training goes on; the restart starts over, still bit-exact
-    job = s3_job("reference_trainer", "--checkpoint-deadline", "0.001", name="s3-gives-up")
-    figures = s3_runner.check_storage(job, "sigkill@9", [SlowDown(probability=0.25, seed=7)])
+    job = s3_job("reference_trainer", "--steps", "10", "--checkpoint-deadline", "0.001", name="s3-gives-up")
+    figures = s3_runner.check_storage(job, "sigkill@5", [SlowDown(probability=0.25, seed=7)])
     outcomes = {c["outcome"] for c in figures["checkpoints"]}
     assert outcomes == {"given up"} and figures["acted"]["slow-down"] > 0
 
 
 def test_a_checkpoint_over_the_budget_fails_with_the_figure(s3_runner):
-    job = s3_job("reference_trainer", name="s3-slow-budget", checkpoint_budget_seconds=0.5)
+    job = s3_job("reference_trainer", "--steps", "6", name="s3-slow-budget", checkpoint_budget_seconds=0.5)
     with pytest.raises(
         StorageFailure,
         match=r"the checkpoint after step 3 held training up for \d+\.\d s, over the "
         r"checkpoint budget of 0.5 s \(checkpoint_budget_seconds\)",
     ):
-        s3_runner.check_storage(job, "sigkill@9", [Latency(seconds=0.2)])
+        s3_runner.check_storage(job, "", [Latency(seconds=0.2)])
 
 
 def test_credentials_expiring_while_the_restart_trains(s3_runner):

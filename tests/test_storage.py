@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,8 +15,10 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionClosedError, ReadTimeoutError
 
 from spotchaos.errors import BackendError
+from spotchaos.probe import ENV_CHECKPOINT_URI
 from spotchaos.storage import (
     Bandwidth,
+    Credentials,
     ExpiredToken,
     FaultProxy,
     Hang,
@@ -25,6 +29,8 @@ from spotchaos.storage import (
     ResetMidUpload,
     SlowDown,
 )
+
+from .helpers import FIXTURES
 
 BUCKET = "checkpoints"
 pytest_plugins = ["pytester"]
@@ -173,6 +179,50 @@ def test_bad_setup_is_one_clear_message(moto):
         FaultProxy("http://10.0.0.5:9000")
     with pytest.raises(ValueError, match="probability"):
         SlowDown(probability=1.5)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_unreachable_s3_behind_the_proxy_is_a_clear_s3_error():
+    unreachable = r"ServiceUnavailable.*cannot reach S3 at 127\.0\.0\.1:\d+"
+    with FaultProxy(f"http://127.0.0.1:{closed_port()}") as dead, pytest.raises(ClientError, match=unreachable):
+        client(dead).put_object(Bucket=BUCKET, Key="k", Body=b"x")
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [("unreachable endpoint", "Could not connect to the endpoint URL"), ("missing bucket", "NoSuchBucket")],
+)
+def test_reference_trainer_names_an_unusable_s3_and_stops(spotchaos_s3, case, expected):
+    """Not a traceback, not a fresh start over good checkpoints it cannot see: one line, exit 4."""
+    env = {**os.environ, **spotchaos_s3.environment(), ENV_CHECKPOINT_URI: "s3://no-such-bucket/ckpt"}
+    if case == "unreachable endpoint":
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{closed_port()}"
+    argv = [sys.executable, str(FIXTURES / "reference_trainer.py"), "--steps", "4", "--s3-attempts", "1"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 4, done.stderr[-2000:]
+    assert "fatal: cannot read checkpoints from S3" in done.stderr and expected in done.stderr
+    assert "Traceback" not in done.stderr and spotchaos_s3.credentials.secret_key[:8] not in done.stderr
+
+
+def test_moto_refuses_unknown_keys_only_while_iam_is_enforced(spotchaos_s3):
+    """The IAM mode scenarios use: real InvalidAccessKeyId / AccessDenied from moto, and back to
+    accepting anything afterwards (moto's switch is process-wide)."""
+    with spotchaos_s3.iam():
+        writer, reader = spotchaos_s3.issue(), spotchaos_s3.issue(read_only=True)
+        spotchaos_s3.client(writer).create_bucket(Bucket=BUCKET)
+        spotchaos_s3.client(writer).put_object(Bucket=BUCKET, Key="k", Body=b"x")
+        assert spotchaos_s3.client(reader).get_object(Bucket=BUCKET, Key="k")["Body"].read() == b"x"
+        with pytest.raises(ClientError, match="AccessDenied"):
+            spotchaos_s3.client(reader, attempts=1).put_object(Bucket=BUCKET, Key="k", Body=b"y")
+        with pytest.raises(ClientError, match="InvalidAccessKeyId"):
+            spotchaos_s3.client(Credentials(), attempts=1).list_objects_v2(Bucket=BUCKET)
+    spotchaos_s3.client(Credentials()).list_objects_v2(Bucket=BUCKET)  # enforcement is off again
 
 
 def test_plugin_fixture_gives_each_test_a_reset_s3_with_its_own_secret(pytester):

@@ -156,6 +156,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         upstream = None
         if answer is None and held is None:
             upstream = http.client.HTTPConnection(*owner.upstream, timeout=120)
+            try:
+                upstream.connect()
+            except OSError as exc:  # moto is gone: say so in S3's terms, not with a dropped connection
+                host, port = owner.upstream
+                detail = f"the spotchaos fault proxy cannot reach S3 at {host}:{port}: {exc.strerror or exc}"
+                self.close_connection = True  # the request body stays unread
+                self._send_error(S3Error(503, "ServiceUnavailable", detail))
+                return
         try:
             if not self._stream_body(request, faults, upstream):
                 return  # the connection was reset on purpose
