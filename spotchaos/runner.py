@@ -460,6 +460,7 @@ class ChaosRunner:
             figures = {"scenario": "storage faults", "faults": names, "plan": str(plan)}
             problems = [str(exc), STORAGE_HINT, *_leak_problems(_captured(workdir), self.secrets)]
             _storage_verdict(record, figures, problems, f"job {job.name!r} under {names} ({plan}): ")
+            raise  # not reached: the problems above are never empty
         acted = {f.name: proxy.injected.get(f.name, 0) - before.get(f.name, 0) for f in faults}
         idle = [name for name, count in acted.items() if not count]
         if idle:
@@ -523,6 +524,7 @@ class ChaosRunner:
             problems = [f"killed while the checkpoint after step {torn} was uploading: {exc}", TORN_HINT]
             problems += _leak_problems(_captured(workdir), self.secrets)
             _storage_verdict(record, figures, problems, f"job {job.name!r}: ")
+            raise  # not reached: the problems above are never empty
         if torn in [e["step"] for e in run.attempts[0].of_kind("checkpoint")]:
             raise SpotchaosError(
                 f"job {job.name!r}: the checkpoint after step {torn} finished uploading before the kill "
