@@ -7,6 +7,7 @@ Each names the S3 error code the job should meet, for the harness's message.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,14 +18,15 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class CredentialSwap:
+class CredentialSwap(abc.ABC):
     """Base: the restart gets ``credentials(service)`` instead of the run's own key."""
 
     name: str = field(default="credential-swap", init=False)
     code: str = field(default="", init=False)  # what S3 answers the swapped key
 
+    @abc.abstractmethod
     def credentials(self, service: S3Service) -> Credentials:
-        raise NotImplementedError
+        """The key the restarted job is handed."""
 
 
 @dataclass
