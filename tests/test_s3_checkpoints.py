@@ -86,9 +86,11 @@ def test_trainer_that_retries_forever_on_expired_token_is_caught(s3_runner):
         s3_runner.check_storage_refusal(job, ExpiredToken())
 
 
-def test_a_secret_that_reaches_the_junit_xml_fails_the_session(tmp_path):
+@pytest.mark.parametrize("mode", [["-p", "no:xdist"], ["-n", "2"]], ids=["one-process", "xdist-workers"])
+def test_a_secret_that_reaches_the_junit_xml_fails_the_session(tmp_path, mode):
     """Redaction is checked, not trusted: a test that records the run's secret as a JUnit property
-    (past every redaction) turns a green session red, naming the file."""
+    (past every redaction) turns a green session red, naming the file. Under pytest-xdist the secret
+    is made in a worker, and the controller that writes the XML must still know it."""
     (tmp_path / "pyproject.toml").write_text(
         "[tool.spotchaos.jobs.s3]\n"
         f'command = ["python", "{FIXTURES / "reference_trainer.py"}", "--steps", "8", "--checkpoint-every", "4"]\n'
@@ -100,7 +102,7 @@ def test_a_secret_that_reaches_the_junit_xml_fails_the_session(tmp_path):
         "    spotchaos.check_storage_refusal(spotchaos_job, UnknownAccessKey())\n"
         "    record_property('debug', spotchaos.runner.secrets[0])\n"
     )
-    result = run_pytest(tmp_path, "--spotchaos", "--junitxml=junit.xml", "test_leak.py")
+    result = run_pytest(tmp_path, *mode, "--spotchaos", "--junitxml=junit.xml", "test_leak.py")
     assert "1 passed" in result.stdout, result.stdout[-2000:]
     assert result.returncode == 1, result.stdout[-2000:]
     assert "a run's S3 secret (or its first 8 characters) appears in:" in result.stdout
