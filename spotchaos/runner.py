@@ -619,8 +619,7 @@ class ChaosRunner:
         captured = _captured(workdir)
         captured["the harness's message"] = message
         leaks = _leaks(captured, secrets)
-        if leaks:
-            problems.append(f"the run's secret (or its first 8 characters) appears in: {', '.join(leaks)}")
+        problems += _leak_problem(leaks)
         if message and " with status " not in message:
             problems.append(f"the job did not end with a non-zero exit: {message.splitlines()[0]}")
         figures = {
@@ -665,7 +664,10 @@ def _leaks(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
 
 
 def _leak_problems(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
-    leaks = _leaks(captured, secrets)
+    return _leak_problem(_leaks(captured, secrets))
+
+
+def _leak_problem(leaks: list[str]) -> list[str]:
     return [f"the run's secret (or its first 8 characters) appears in: {', '.join(leaks)}"] if leaks else []
 
 
