@@ -110,6 +110,7 @@ def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], fl
     size = 0
     for index in range(saves + 2):
         trainer.step = 100 + index
+        time.sleep(0.05)  # a few training steps between saves, as in a run
         clock = time.perf_counter()
         warm = index >= 2
 
@@ -120,18 +121,14 @@ def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], fl
                 timings.setdefault(name, []).append(now - clock)
             clock = now
 
+        trainer.settle()
+        lap("waiting for the previous save's background unlinks")
         final = trainer.checkpoint_root / trainer.checkpoint_name()
         tmp = trainer.checkpoint_root / f".tmp-{final.name}"
         tmp.mkdir()
-        payloads = {
-            "model.pt": trainer.model.state_dict(),
-            "optimizer.pt": trainer.optimizer.state_dict(),
-            "trainer.pt": trainer.trainer_state(),
-        }
-        size = 0
-        for name, obj in payloads.items():
-            size += trainer.write_file(tmp / name, obj)[0]
-        lap("serialize + write + fsync the 3 data files")
+        files = trainer.write_files(tmp, trainer.payloads())
+        size = sum(entry["bytes"] for entry in files.values())
+        lap("serialize + write the 3 data files (each fsync overlaps the next file)")
         with open(tmp / rt.MANIFEST, "w") as f:
             f.write("{}")
             f.flush()
@@ -143,7 +140,8 @@ def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], fl
         trainer.write_latest(final.name)
         lap("latest pointer")
         trainer.rotate()
-        lap("rotation (unlinking the oldest checkpoint)")
+        lap("rotation (rename the oldest away; it is unlinked in the background)")
+    trainer.settle()
     payload = os.urandom(size)
     raw = []
     for _ in range(saves):
@@ -157,12 +155,38 @@ def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], fl
     return {name: statistics.median(values) for name, values in timings.items()}, statistics.median(raw), size
 
 
-def overhead_noise(work: Path, repeats: int) -> tuple[float, float, list[float]]:
-    """(d) spread of the overhead fraction across repeated uninterrupted runs."""
-    job = JobSpec(name="ref", command=DEFAULT_JOB)
-    fractions = [measure_overhead(run(job, "", work).attempts[0], 0.05).fraction or 0.0 for _ in range(repeats)]
-    spread = max(fractions) - min(fractions)
-    return spread, spread / statistics.median(fractions), fractions
+def raw_fsync_seconds(folder: Path, size: int, times: int) -> float:
+    """Median seconds of a raw write+fsync of ``size`` bytes in ``folder``: the disk's own pace."""
+    payload, seconds = os.urandom(size), []
+    for _ in range(times):
+        started = time.perf_counter()
+        with open(folder / "raw.bin", "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        seconds.append(time.perf_counter() - started)
+        (folder / "raw.bin").unlink()
+    return statistics.median(seconds)
+
+
+def overhead_noise(work: Path, repeats: int) -> tuple[list[float], list[float]]:
+    """(d) the overhead fraction of repeated uninterrupted runs (9 intervals each after warm-up), and
+    beside each the disk's own pace just after it (a raw write+fsync of one checkpoint's bytes, as many
+    times): the harness cannot be steadier than the fsyncs it times."""
+    job = JobSpec(name="ref", command=(*TRAINER, "--steps", "60", "--checkpoint-every", "6", "--step-seconds", "0.06"))
+    fractions, disk = [], []
+    for _ in range(repeats):
+        record = run(job, "", work)
+        overhead = measure_overhead(record.attempts[0], 0.05)
+        fractions.append(overhead.fraction or 0.0)
+        disk.append(raw_fsync_seconds(Path(record.workdir), overhead.checkpoint_bytes or 1, len(overhead.intervals)))
+    return fractions, disk
+
+
+def spread(values: list[float]) -> tuple[float, float]:
+    """Max - min, absolute and relative to the median."""
+    width = max(values) - min(values)
+    return width, width / statistics.median(values)
 
 
 def main() -> None:
@@ -186,18 +210,21 @@ def main() -> None:
         phases, raw_seconds, size = checkpoint_phases(work)
         for name, seconds in phases.items():
             print(f"    {name}: {seconds * 1000:.2f} ms")
-        durable, whole = sum(list(phases.values())[:2]), sum(phases.values())
+        durable, whole = sum(list(phases.values())[:3]), sum(phases.values())
         print(
             f"    in-process: raw write+fsync {raw_seconds * 1000:.2f} ms of {size / 1e6:.1f} MB; until durable "
             f"{durable * 1000:.2f} ms (ratio {raw_seconds / durable:.2f}); whole save {whole * 1000:.2f} ms "
             f"(ratio {raw_seconds / whole:.2f})"
         )
-        spread, relative, fractions = overhead_noise(work, args.repeats)
+        fractions, disk = overhead_noise(work, args.repeats)
+        width, relative = spread(fractions)
         shown = ", ".join(f"{f:.2%}" for f in fractions)
         print(
-            f"(d) overhead over {args.repeats} runs: {shown}; spread {spread * 100:.2f} percentage points, "
+            f"(d) overhead over {args.repeats} runs: {shown}; spread {width * 100:.2f} percentage points, "
             f"{relative:.1%} of the median (goal < 2 %)"
         )
+        shown = ", ".join(f"{seconds * 1000:.2f}" for seconds in disk)
+        print(f"    the disk's own pace after each run (raw write+fsync, ms): {shown}; spread {spread(disk)[1]:.1%}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -330,16 +330,23 @@ class ChaosRunner:
 
     def save_boundaries(self, job: JobSpec) -> list[dict[str, Any]]:
         """Every file-system event of one checkpoint save of the uninterrupted run: the first save
-        that also rotates an old checkpoint away, else the last save. Each is a crash point."""
+        that also rotates an old checkpoint away, else the last save. Each is a crash point.
+
+        A save's window runs from the step before it to the step after it, not to its
+        ``checkpoint`` event: a trainer may finish work in the background once the checkpoint
+        is durable (the reference unlinks rotated checkpoints so), and a crash there counts too.
+        """
         record, (log, *_) = self.trace(job, Plan())
         events = record.attempts[0].events
         windows = []
         last_step_t = None
-        for event in events:
+        for index, event in enumerate(events):
             if event["event"] == "step":
                 last_step_t = event["t"]
             elif event["event"] == "checkpoint" and last_step_t is not None:
-                windows.append([e for e in log if last_step_t < e["t"] <= event["t"]])
+                after = (e["t"] for e in events[index + 1 :] if e["event"] == "step")
+                next_step_t = next(after, float("inf"))
+                windows.append([e for e in log if last_step_t < e["t"] < next_step_t])
         if not windows:
             raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no save to crash inside")
         rotating = [w for w in windows[1:] if any(e["event"] in ("shutil.rmtree", "os.remove") for e in w)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 
@@ -13,7 +15,9 @@ import pytest
 from spotchaos.events import EventReader
 from spotchaos.plan import Plan
 
-from .helpers import REFERENCE_TRAINER, trainer_job
+from .helpers import REFERENCE_TRAINER, ROOT, trainer_job
+
+CRASHPOINT = ROOT / "spotchaos" / "crashpoint"
 
 WORKERS0 = trainer_job(name="ref0")
 WORKERS2 = trainer_job("reference_trainer", "--num-workers", "2", name="ref2")
@@ -47,10 +51,12 @@ def test_preempt_and_resume_is_bit_exact(runner, job, plan):
         assert verdict.lost_steps > 0  # a hard kill replays from the last periodic checkpoint
 
 
-def run_trainer(tmp_path, events_name, *args):
-    env = {**os.environ, "SPOTCHAOS_EVENTS": str(tmp_path / events_name)}
+def run_trainer(tmp_path, events_name, *args, env=None):
+    """Run the reference trainer on tmp_path/ckpt; its stderr is kept beside the events."""
+    env = {**os.environ, **(env or {}), "SPOTCHAOS_EVENTS": str(tmp_path / events_name)}
     command = [sys.executable, str(REFERENCE_TRAINER), "--checkpoint-dir", str(tmp_path / "ckpt"), *args]
-    subprocess.run(command, env=env, check=True, capture_output=True, timeout=120)
+    with open(tmp_path / f"{events_name}.stderr", "wb") as stderr:
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=stderr, timeout=120)
     return EventReader(tmp_path / events_name).read_new()
 
 
@@ -90,3 +96,30 @@ def test_damaged_newest_checkpoint_rolls_back_to_the_previous_one(tmp_path):
     assert all(e["loss"] == clean_losses[e["step"]] for e in second if e["event"] == "step")
     assert second[-1]["digests"] == clean[-1]["digests"]
     assert first[-1]["event"] == "final"
+
+
+def test_a_crash_while_a_rotated_checkpoint_is_unlinked_in_the_background_is_cleaned_up(tmp_path):
+    """Rotation renames the old checkpoint to .old-* and unlinks it in a helper thread: a SIGKILL
+    there leaves it behind, and the next start removes it, says so, and resumes from the newest."""
+    root = tmp_path / "ckpt"
+    crash_env = {
+        "PYTHONPATH": os.pathsep.join([str(CRASHPOINT), os.environ.get("PYTHONPATH", "")]),
+        "SPOTCHAOS_CRASH_ROOT": str(root),
+        "SPOTCHAOS_CRASH_LOG": str(tmp_path / "fs.jsonl"),
+    }
+    args = ("--steps", "9", "--checkpoint-every", "3", "--keep", "1")
+    run_trainer(tmp_path, "log.jsonl", *args, env=crash_env)
+    logged = [json.loads(line) for line in (tmp_path / "fs.jsonl").read_text().splitlines()]
+    (unlink,) = [e for e in logged if e["event"] == "shutil.rmtree" and "/.old-ckpt-00000003-" in e["path"]]
+    shutil.rmtree(root)
+
+    with pytest.raises(subprocess.CalledProcessError) as killed:
+        run_trainer(tmp_path, "crash.jsonl", *args, env={**crash_env, "SPOTCHAOS_CRASH_AT": str(unlink["index"])})
+    assert killed.value.returncode == -signal.SIGKILL
+    left = sorted(p.name for p in root.iterdir())
+    assert left[0].startswith(".old-ckpt-00000003-") and left[1:] == ["ckpt-00000006", "latest"], left
+
+    restart = run_trainer(tmp_path, "restart.jsonl", *args)
+    assert [e["from_step"] for e in restart if e["event"] == "resume"] == [5]
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt-00000006", "latest"]
+    assert "a checkpoint on its way out" in (tmp_path / "restart.jsonl.stderr").read_text()

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 _ROOT = os.environ.get("SPOTCHAOS_CRASH_ROOT")
@@ -22,7 +23,8 @@ _LOG = os.environ.get("SPOTCHAOS_CRASH_LOG")
 _AT = int(os.environ.get("SPOTCHAOS_CRASH_AT", "0") or 0)
 _EVENTS = {"open", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
 _count = 0
-_busy = False
+_lock = threading.Lock()  # a trainer may unlink or fsync from helper threads: one numbering for all
+_local = threading.local()  # per thread: our own log write must not count
 
 
 def _under_root(path) -> bool:
@@ -43,22 +45,23 @@ def _describe(event, args):
 
 
 def _hook(event, args):
-    global _count, _busy
-    if _busy or event not in _EVENTS or not args or not _under_root(args[0]):
+    global _count
+    if getattr(_local, "busy", False) or event not in _EVENTS or not args or not _under_root(args[0]):
         return
-    _busy = True  # our own log write must not count
+    _local.busy = True
     try:
-        _count += 1
-        kind, target = _describe(event, args)
-        if _LOG:
-            record = {"index": _count, "event": kind, "path": target, "t": time.time(), "pid": os.getpid()}
-            fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.write(fd, (json.dumps(record) + "\n").encode())
-            os.close(fd)
-        if _count == _AT:
-            os.kill(os.getpid(), signal.SIGKILL)
+        with _lock:
+            _count += 1
+            kind, target = _describe(event, args)
+            if _LOG:
+                record = {"index": _count, "event": kind, "path": target, "t": time.time(), "pid": os.getpid()}
+                fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.write(fd, (json.dumps(record) + "\n").encode())
+                os.close(fd)
+            if _count == _AT:
+                os.kill(os.getpid(), signal.SIGKILL)
     finally:
-        _busy = False
+        _local.busy = False
 
 
 if _ROOT:
