@@ -76,16 +76,8 @@ def checkpoint_throughput(work: Path, repeats: int) -> tuple[float, float, float
         events = record.attempts[0].of_kind("checkpoint")[1:]  # first one is warm-up
         ckpt_rates += [e["bytes"] / e["seconds"] for e in events]
         size = events[0]["bytes"]
-        target = Path(record.workdir) / "checkpoints" / "raw.bin"  # the same directory
-        payload = os.urandom(size)
-        for _ in events:
-            started = time.perf_counter()
-            with open(target, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            raw_rates.append(size / (time.perf_counter() - started))
-            target.unlink()
+        folder = Path(record.workdir) / "checkpoints"  # the same directory
+        raw_rates += [size / raw_fsync_seconds(folder, size, 1) for _ in events]
         shutil.rmtree(record.workdir)
     ckpt, raw = statistics.median(ckpt_rates), statistics.median(raw_rates)
     return ckpt / raw, ckpt, raw, size
@@ -93,7 +85,7 @@ def checkpoint_throughput(work: Path, repeats: int) -> tuple[float, float, float
 
 def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], float, int]:
     """Where (c)'s time goes: the reference trainer's own save, in this process, phase by phase
-    (median over ``saves`` after two warm-up saves), and a raw write+fsync of as many bytes."""
+    (median over ``saves`` after two warm-up saves), and a raw write+fsync of as many bytes after each."""
     sys.path.insert(0, str(ROOT / "fixtures"))
     import reference_trainer as rt  # its import also switches torch's redundant zip CRC32 off
 
@@ -107,6 +99,7 @@ def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], fl
         trainer.train_step(x, y)  # the optimizer has its moments: a checkpoint of full size
         break
     timings: dict[str, list[float]] = {}
+    raw: list[float] = []
     size = 0
     for index in range(saves + 2):
         trainer.step = 100 + index
@@ -141,17 +134,10 @@ def checkpoint_phases(work: Path, saves: int = 12) -> tuple[dict[str, float], fl
         lap("latest pointer")
         trainer.rotate()
         lap("rotation (rename the oldest away; it is unlinked in the background)")
+        if warm:  # the raw write right after each save: both see the disk in the same mood
+            time.sleep(0.05)
+            raw.append(raw_fsync_seconds(folder, size, 1))
     trainer.settle()
-    payload = os.urandom(size)
-    raw = []
-    for _ in range(saves):
-        started = time.perf_counter()
-        with open(folder / "raw.bin", "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        raw.append(time.perf_counter() - started)
-        (folder / "raw.bin").unlink()
     return {name: statistics.median(values) for name, values in timings.items()}, statistics.median(raw), size
 
 
@@ -170,7 +156,7 @@ def raw_fsync_seconds(folder: Path, size: int, times: int) -> float:
 
 
 def overhead_noise(work: Path, repeats: int) -> tuple[list[float], list[float]]:
-    """(d) the overhead fraction of repeated uninterrupted runs (9 intervals each after warm-up), and
+    """(d) the overhead fraction of repeated uninterrupted runs (8 intervals each after warm-up), and
     beside each the disk's own pace just after it (a raw write+fsync of one checkpoint's bytes, as many
     times): the harness cannot be steadier than the fsyncs it times."""
     job = JobSpec(name="ref", command=(*TRAINER, "--steps", "60", "--checkpoint-every", "6", "--step-seconds", "0.06"))
