@@ -27,6 +27,15 @@ _lock = threading.Lock()  # a trainer may unlink or fsync from helper threads: o
 _local = threading.local()  # per thread: our own log write must not count
 
 
+def _after_fork_in_child() -> None:
+    """A fork (DataLoader workers) while a helper thread held the lock must not leave the child's held."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _under_root(path) -> bool:
     try:
         path = os.fsdecode(path)
