@@ -36,9 +36,9 @@ def test_connection_reset_mid_upload(spotchaos, spotchaos_job):
 def test_refused_credentials_end_the_job_clearly(spotchaos, spotchaos_job, refusal):
     """A key S3 never issued, a key that may only read, a token that expires once the restart runs:
     a non-zero exit naming the error, every checkpoint object unchanged, the secret nowhere."""
-    if refusal == "expiring-token":
-        ready = spotchaos.reference(spotchaos_job).attempts[0].ready_seconds or 0.0
-        fault = ExpiredToken(after_seconds=ready + 0.2)  # about when the restart starts training
-    else:
-        fault = {"unknown-key": UnknownAccessKey(), "read-only-key": ReadOnlyKey()}[refusal]
+    fault = {
+        "unknown-key": UnknownAccessKey(),
+        "read-only-key": ReadOnlyKey(),
+        "expiring-token": ExpiredToken(after_seconds=0.3),  # 0.3 s after the restart's first request: training
+    }[refusal]
     spotchaos.check_storage_refusal(spotchaos_job, fault)

@@ -174,8 +174,12 @@ class Hang(Fault):
 
 @dataclass
 class ExpiredToken(Fault):
-    """From ``after_seconds`` after it is added to the proxy, every request is ``400 ExpiredToken``:
-    credentials that expire mid-run."""
+    """From ``after_seconds`` after the first request it sees, every request is ``400 ExpiredToken``:
+    credentials that expire mid-run.
+
+    The clock starts at the job's first S3 request, not when the fault is added: a job's start-up
+    (interpreter, torch import, CUDA init) takes seconds that vary from machine to machine, and a clock
+    started before it would land the expiry at a different point of the job's work on each of them."""
 
     after_seconds: float = 0.0
     name: str = field(default="expired-token", init=False)
@@ -184,10 +188,13 @@ class ExpiredToken(Fault):
         self.armed()
 
     def armed(self) -> None:
-        self._since = time.monotonic()
+        self._since: float | None = None
 
     def answer(self, request: Request) -> S3Error | None:
-        if time.monotonic() - self._since >= self.after_seconds:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now  # two first requests racing start it within microseconds of each other
+        if now - self._since >= self.after_seconds:
             return S3Error(400, "ExpiredToken", "The provided token has expired.")
         return None
 
