@@ -12,8 +12,8 @@ from .helpers import trainer_job
 CASES = [
     pytest.param(
         trainer_job("broken_no_rng_restore"),
-        "sigterm@5",
-        r"loss diverged at step 7 \(attempt 1, the first step after resuming from step 6\)"
+        "sigterm@5",  # the notice lands in step 5 or 6, whichever the trainer is in: it saves after that one
+        r"loss diverged at step \d+ \(attempt 1, the first step after resuming from step \d+\)"
         r".*also differs at that step: rng.*RNG state not saved or not restored",
         id="no-rng-restore",
     ),
