@@ -55,7 +55,8 @@ class Fault:
     enabled: bool = field(default=True, kw_only=True)
 
     def armed(self) -> None:
-        """Called when a proxy takes the fault on: a fault with a clock starts it here."""
+        """Called when a proxy takes the fault on: a fault with a clock resets it here (so one object can be
+        added again for another run)."""
 
     def answer(self, request: Request) -> S3Error | None:
         return None
