@@ -5,6 +5,11 @@ event), inside the run's own checkpoint directory: the harness never touches any
 A checkpoint is a directory of files (or a single file); ``manifest.json`` inside it and a
 ``latest`` pointer beside it are recognised when present.
 
+The job wrote every one of those files and is untrusted: a fault changes only regular files
+with a single name, opened beneath the run's checkpoint directory without following any link
+(:mod:`spotchaos.safefs`). A checkpoint that holds a symbolic link, a hard link or a special
+file is refused as a whole before anything is changed (:class:`UnsafeCheckpoint`).
+
 Where a fault needs a choice (which file, which byte), it takes a ``pick`` in [0, 1) from the
 plan, so hypothesis chooses and shrinks it and the damage replays exactly.
 """
@@ -18,10 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from ..safefs import UnsafeFile, links_below, links_between, open_beneath, regular_files
+
 MANIFEST = "manifest.json"
 DIGEST_VALUE = re.compile(r'"(crc32c|crc32|sha256|sha1|md5|digest|hash|checksum)"\s*:\s*"([0-9a-fA-F]+)"')
 LATEST = "latest"
 HEADER_BYTES = 64
+
+
+class UnsafeCheckpoint(UnsafeFile):
+    """A checkpoint to damage holds a link or a special file: refused, nothing touched."""
 
 
 @dataclass
@@ -42,9 +53,15 @@ class Damage:
 
 @dataclass(frozen=True)
 class CheckpointSet:
-    """The run's durable checkpoints, oldest first, that still exist on disk."""
+    """The run's durable checkpoints, oldest first, that still exist on disk, below ``root`` (the
+    run's own checkpoint directory, which the harness made)."""
 
     paths: tuple[Path, ...]
+    root: Path | None = None  # None: the newest checkpoint's parent
+
+    @property
+    def base(self) -> Path:
+        return self.root if self.root is not None else self.newest.parent
 
     @property
     def newest(self) -> Path:
@@ -54,11 +71,45 @@ class CheckpointSet:
     def previous(self) -> Path | None:
         return self.paths[-2] if len(self.paths) > 1 else None
 
+    def verify(self) -> None:
+        """Refuse the whole set when a checkpoint a fault may touch (the newest, the previous one
+        a pointer or a swap uses, the ``latest`` pointer) holds a link or a special file."""
+        targets = [p for p in (self.newest, self.previous, self.newest.parent / LATEST) if p is not None]
+        for target in targets:
+            try:
+                bad = next(links_between(self.base, target), None) or next(links_below(target), None)
+            except FileNotFoundError:
+                continue
+            if bad is not None:
+                path, what = bad
+                shown = path.relative_to(self.base) if path != self.base else path
+                raise UnsafeCheckpoint(
+                    f"checkpoint {target.name} holds {shown}, {what}: spotchaos damages only "
+                    "regular files inside the run's own checkpoint directory and never follows a link the job made, "
+                    "so it refuses this checkpoint and touches nothing"
+                )
+
+    def open(self, path: Path, flags: int = os.O_RDWR) -> int:
+        """An fd of ``path`` (below the base), opened without following any link; one name only."""
+        return open_beneath(self.base, path.relative_to(self.base), flags, single_link=True)
+
+    def read(self, path: Path) -> bytes:
+        fd = self.open(path, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def rewrite(self, path: Path, data: bytes) -> None:
+        """Replace ``path``'s content in place, through an fd that followed no link."""
+        fd = self.open(path)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        finally:
+            os.close(fd)
+
     @staticmethod
     def files_of(checkpoint: Path) -> list[Path]:
-        if checkpoint.is_file():
-            return [checkpoint]
-        return sorted(p for p in checkpoint.rglob("*") if p.is_file())
+        return regular_files(checkpoint)
 
     @classmethod
     def data_files_of(cls, checkpoint: Path) -> list[Path]:
@@ -96,9 +147,13 @@ class Truncate:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         target = _choose(CheckpointSet.data_files_of(checkpoints.newest), pick)
-        size = target.stat().st_size
-        new = {"zero": 0, "half": size // 2, "one-byte": max(size - 1, 0)}[self.to]
-        os.truncate(target, new)
+        fd = checkpoints.open(target)
+        try:
+            size = os.fstat(fd).st_size
+            new = {"zero": 0, "half": size // 2, "one-byte": max(size - 1, 0)}[self.to]
+            os.ftruncate(fd, new)
+        finally:
+            os.close(fd)
         return Damage(self.name, str(checkpoints.newest), _rel(target, checkpoints.newest), f"{size} -> {new} bytes")
 
 
@@ -116,20 +171,24 @@ class FlipBits:
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         files = CheckpointSet.data_files_of(checkpoints.newest)
         target = _choose(files, pick)
-        data = bytearray(target.read_bytes())
-        if not data:
-            raise ValueError(f"{target} is empty: nothing to flip")
-        if self.region == "header":
-            offset = int(pick * min(HEADER_BYTES, len(data)))
-        else:  # the middle half of the file, where a zip's tensor storage lives
-            offset = len(data) // 4 + int(pick * (len(data) // 2))
-        offset = min(offset, len(data) - 1)
-        if self.burst == 1:
-            data[offset] ^= 1 << int(pick * 8 % 8)
-        else:
-            for i in range(offset, min(offset + self.burst, len(data))):
-                data[i] ^= 0xFF
-        target.write_bytes(bytes(data))
+        fd = checkpoints.open(target)
+        try:
+            size = os.fstat(fd).st_size
+            if not size:
+                raise ValueError(f"{target} is empty: nothing to flip")
+            if self.region == "header":
+                offset = int(pick * min(HEADER_BYTES, size))
+            else:  # the middle half of the file, where a zip's tensor storage lives
+                offset = size // 4 + int(pick * (size // 2))
+            offset = min(offset, size - 1)
+            data = bytearray(os.pread(fd, min(self.burst, size - offset), offset))
+            if self.burst == 1:
+                data[0] ^= 1 << int(pick * 8 % 8)
+            else:
+                data = bytearray(b ^ 0xFF for b in data)
+            os.pwrite(fd, bytes(data), offset)
+        finally:
+            os.close(fd)
         detail = f"{'bit' if self.burst == 1 else f'{self.burst} bytes'} at offset {offset}"
         return Damage(self.name, str(checkpoints.newest), _rel(target, checkpoints.newest), detail)
 
@@ -140,7 +199,10 @@ class DeleteNewest:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         newest = checkpoints.newest
-        shutil.rmtree(newest) if newest.is_dir() else newest.unlink()
+        if newest.is_dir() and not newest.is_symlink():
+            shutil.rmtree(newest)  # fd-based on Linux: removes links inside, never what they point at
+        else:
+            newest.unlink()  # a link itself, never its target
         return Damage(self.name, str(newest), detail="the whole checkpoint", needs_rollback=False)
 
 
@@ -156,19 +218,19 @@ class DamageManifest:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         manifest = checkpoints.newest / MANIFEST
-        if not manifest.is_file():
+        if not manifest.is_file() or manifest.is_symlink():
             raise ValueError(f"{checkpoints.newest} has no {MANIFEST}")
         if self.how == "delete":
             manifest.unlink()
         else:
-            text = manifest.read_text()
+            text = checkpoints.read(manifest).decode("utf-8", "replace")
             # only a digest's digits: a flipped hex letter in a key ("format") is damage no loader checks
             positions = [i for m in DIGEST_VALUE.finditer(text) for i in range(m.start(2), m.end(2))]
             if not positions:
                 raise ValueError(f"{manifest} holds no digest to corrupt")
             index = positions[min(int(pick * len(positions)), len(positions) - 1)]
             text = text[:index] + ("0" if text[index] != "0" else "1") + text[index + 1 :]
-            manifest.write_text(text)
+            checkpoints.rewrite(manifest, text.encode())
         return Damage(self.name, str(checkpoints.newest), MANIFEST)
 
 
@@ -180,7 +242,7 @@ class DropFile:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         target = _choose(CheckpointSet.data_files_of(checkpoints.newest), pick)
-        target.unlink()
+        target.unlink()  # unlink never follows a link
         return Damage(self.name, str(checkpoints.newest), _rel(target, checkpoints.newest))
 
 
@@ -196,9 +258,9 @@ class SwapOlder:
             raise ValueError("swap-older needs two checkpoints")
         if newest.is_dir():
             shutil.rmtree(newest)
-            shutil.copytree(previous, newest)
+            shutil.copytree(previous, newest, symlinks=True)  # a link is copied as a link, never followed
         else:
-            shutil.copyfile(previous, newest)
+            checkpoints.rewrite(newest, checkpoints.read(previous))
         return Damage(self.name, str(newest), detail=f"content of {previous.name}")
 
 
@@ -217,13 +279,13 @@ class LatestPointer:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         pointer = checkpoints.newest.parent / LATEST
-        if not pointer.is_file():
+        if not pointer.is_file() or pointer.is_symlink():
             raise ValueError(f"no {LATEST} pointer beside {checkpoints.newest.name}")
         if self.how == "stale":
             previous = checkpoints.previous
             if previous is None:
                 raise ValueError("stale-latest needs two checkpoints")
-            pointer.write_text(previous.name + "\n")
+            checkpoints.rewrite(pointer, (previous.name + "\n").encode())
             return Damage(
                 self.name,
                 str(checkpoints.newest),
@@ -232,8 +294,8 @@ class LatestPointer:
                 needs_rollback=False,
                 previous=str(previous),
             )
-        text = pointer.read_text()
-        pointer.write_text(text[: max(1, len(text) // 2)])
+        text = checkpoints.read(pointer)
+        checkpoints.rewrite(pointer, text[: max(1, len(text) // 2)])
         return Damage(self.name, str(checkpoints.newest), LATEST, makes_unloadable=False, needs_rollback=False)
 
 
