@@ -4,8 +4,9 @@ Declared per job in ``[tool.spotchaos.jobs.NAME.log]``: a regular expression wit
 ``step`` and ``loss`` matched against stdout (or stderr), a glob for its checkpoint files, and
 where its final weights are. The harness then reads what the script prints the way it reads the
 probe's events: each matching line is a step, each new or rewritten checkpoint file is a
-checkpoint, and a clean exit loads the final weights (``torch.load`` on the harness side) for
-the per-tensor digest comparison.
+checkpoint, and a clean exit reads the final weights for the per-tensor digest comparison.
+Checkpoint files are read without running the job's code in the harness
+(:mod:`spotchaos.checkpoint_reader`), and links among them are never followed.
 
 Printed losses carry only the digits the script prints, so the verdict says how many digits it
 compared; a bit-exact claim needs the probe or the weights digest.
@@ -14,14 +15,18 @@ compared; a bit-exact claim needs the probe or the weights digest.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_reader import ConfinedLoad, NeedsFullUnpickle, read_checkpoint
 from .errors import ConfigError, JobError
-from .events import Event
+from .events import Event, LineReader
 
 STREAMS = ("stdout", "stderr")
 SCAN_SECONDS = 0.02  # checkpoint files are looked for at most this often (the engine polls every 3 ms)
@@ -101,16 +106,21 @@ class LogEventReader:
     ``torn_tail``, ``close``), plus ``finish`` for the final weights once the script exits 0.
     """
 
-    def __init__(self, log_path: Path, spec: LogSpec, checkpoint_dir: Path, job: str) -> None:
+    def __init__(
+        self, log_path: Path, spec: LogSpec, checkpoint_dir: Path, job: str, confined: ConfinedLoad | None = None
+    ) -> None:
         self.path = log_path
+        self.confined = confined  # reads a checkpoint that needs a full unpickle, in the job's confinement
         self.spec = spec
         self.checkpoint_dir = checkpoint_dir
         self.job = job
         self.events: list[Event] = []
         self._regex = spec.regex
-        self._file = None
-        self._pending = b""
+        self._lines = LineReader(log_path, f"{spec.stream} log")
         self._seen_files: dict[Path, tuple[int, int]] = {}
+        self._unreadable: dict[Path, tuple[int, int]] = {}  # not whole yet at this (mtime, size): not read again
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotchaos-confined-read")
+        self._pending: list[tuple[Path, int, Future]] = []  # checkpoints being read in the job's confinement
         self._scanned_at = 0.0
         self._last_step: int | None = None
         self._started = False
@@ -119,17 +129,8 @@ class LogEventReader:
 
     def read_new(self) -> list[Event]:
         new: list[Event] = []
-        if self._file is None:
-            try:
-                self._file = open(self.path, "rb")
-            except FileNotFoundError:
-                return new
-        chunk = self._file.read()
-        if chunk:
-            data = self._pending + chunk
-            *lines, self._pending = data.split(b"\n")
-            for raw in lines:
-                new.extend(self._line(raw.decode("utf-8", "replace")))
+        for raw in self._lines.read_lines():
+            new.extend(self._line(raw.decode("utf-8", "replace")))
         new.extend(self._new_checkpoints())
         self.events.extend(new)
         return new
@@ -175,32 +176,65 @@ class LogEventReader:
         if now - self._scanned_at < SCAN_SECONDS:
             return []  # a directory listing per poll would cost more than the job's own I/O
         self._scanned_at = now
-        events = []
+        events = self._confined_results()
         for path in sorted(self.checkpoint_dir.glob(self.spec.checkpoints)):
             try:
-                stat = path.stat()
+                info = os.lstat(path)
             except FileNotFoundError:
                 continue
-            signature = (stat.st_mtime_ns, stat.st_size)
-            if not path.is_file() or self._seen_files.get(path) == signature:
+            signature = (info.st_mtime_ns, info.st_size)
+            if not stat.S_ISREG(info.st_mode) or signature in (self._seen_files.get(path), self._unreadable.get(path)):
+                continue  # a link is never followed: its target, if it is a checkpoint, counts itself
+            if self.spec.checkpoint_step_key is None:
+                self._seen_files[path] = signature
+                events.append(self._checkpoint(path, self._last_step, info.st_size))
                 continue
-            step = self._last_step
-            if self.spec.checkpoint_step_key is not None:
-                completed = _stored_step(path, self.spec.checkpoint_step_key)
-                if completed is None:
-                    continue  # not readable yet (still being written): look again at the next poll
-                step = completed - 1
+            try:
+                summary = read_checkpoint(path, self.spec.checkpoint_step_key, None, None, self.checkpoint_dir)
+            except NeedsFullUnpickle:
+                if self.confined is None:
+                    self._unreadable[path] = signature
+                    continue
+                # read in the job's confinement, in the background: a helper process's start-up
+                # (seconds, with torch) must not stall the engine's polls, its faults and timeouts
+                self._seen_files[path] = signature
+                future = self._pool.submit(self.confined, path, self.spec.checkpoint_step_key, None)
+                self._pending.append((path, info.st_size, future))
+                continue
+            except Exception:  # torn, still being written, a link in its path: look again once it changes
+                self._unreadable[path] = signature
+                continue
+            if summary.get("step") is None:
+                self._unreadable[path] = signature
+                continue
             self._seen_files[path] = signature
-            events.append(
-                self._event(
-                    "checkpoint",
-                    step=step,
-                    seconds=0.0,  # a script without the probe does not say how long it blocked
-                    bytes=stat.st_size,
-                    uri=path.resolve().as_uri(),
-                    reason="observed",
-                )
-            )
+            events.append(self._checkpoint(path, summary["step"] - 1, info.st_size))
+        return events
+
+    def _checkpoint(self, path: Path, step: int, size: int) -> Event:
+        return self._event(
+            "checkpoint",
+            step=step,
+            seconds=0.0,  # a script without the probe does not say how long it blocked
+            bytes=size,
+            uri=path.absolute().as_uri(),  # never resolved: resolving follows links
+            reason="observed",
+        )
+
+    def _confined_results(self, wait: bool = False) -> list[Event]:
+        """Checkpoint events for the background reads that have finished (all of them, with ``wait``)."""
+        events, still = [], []
+        for path, size, future in self._pending:
+            if not (wait or future.done()):
+                still.append((path, size, future))
+                continue
+            try:
+                step = future.result().get("step")
+            except Exception:  # torn, or the helper failed: not a checkpoint
+                step = None
+            if step is not None:
+                events.append(self._checkpoint(path, step - 1, size))
+        self._pending = still
         return events
 
     def finish(self, exit_code: int | None) -> None:
@@ -209,49 +243,40 @@ class LogEventReader:
             return
         digests: dict[str, str] = {}
         if self.spec.final_weights is not None:
-            digests = final_digests(self.checkpoint_dir / self.spec.final_weights, self.spec, self.job)
+            path = self.checkpoint_dir / self.spec.final_weights
+            digests = final_digests(path, self.spec, self.job, self.confined, self.checkpoint_dir)
         # a restart with nothing left to train prints no step: the final step is the previous one's
         step = self._last_step if self._last_step is not None else -1
         self.events.append(self._event("final", step=step, digests=digests))
 
     def close(self) -> None:
-        """The attempt is over: one last look for a checkpoint written just before the exit."""
+        """The attempt is over: one last look for a checkpoint written just before the exit, and
+        the results of every background read."""
         self._scanned_at = 0.0
         self.events.extend(self._new_checkpoints())
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self.events.extend(self._confined_results(wait=True))
+        self._pool.shutdown(wait=True)
+        self._lines.close()
 
 
-def _stored_step(path: Path, key: str) -> int | None:
-    """``torch.load(path)[key]`` as an int, or None while the file cannot be read whole."""
-    import torch
-
-    try:
-        value = torch.load(path, map_location="cpu", weights_only=False)[key]
-        return int(value)
-    except Exception:
-        return None
-
-
-def final_digests(path: Path, spec: LogSpec, job: str) -> dict[str, str]:
+def final_digests(
+    path: Path, spec: LogSpec, job: str, confined: ConfinedLoad | None = None, root: Path | None = None
+) -> dict[str, str]:
     """Per-tensor digests of the state dict in ``path`` (under ``spec.final_key``, if given)."""
-    import torch
-
-    from .probe import tensor_digests
-
-    if not path.is_file():
-        raise JobError(f"job {job!r}: {spec.where}.final_weights: {path} does not exist after a clean exit")
+    where = f"job {job!r}: {spec.where}.final_weights"
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        summary = read_checkpoint(path, None, spec.final_key, confined, path.parent if root is None else root)
+    except FileNotFoundError:
+        raise JobError(f"{where}: {path} does not exist after a clean exit") from None
+    except JobError as exc:
+        raise JobError(f"{where}: {exc}") from None
     except Exception as exc:
-        raise JobError(f"job {job!r}: {spec.where}.final_weights: cannot load {path}: {exc}") from None
-    if spec.final_key is not None:
-        if not isinstance(state, dict) or spec.final_key not in state:
-            keys = ", ".join(map(repr, list(state)[:10])) if isinstance(state, dict) else type(state).__name__
+        raise JobError(f"{where}: cannot load {path}: {exc}") from None
+    if summary.get("digests") is None:
+        if spec.final_key is not None:
+            keys = ", ".join(map(repr, summary.get("keys") or [])) or summary.get("holds") or "not a dict"
             raise JobError(f"job {job!r}: {spec.where}.final_key {spec.final_key!r} is not in {path.name} ({keys})")
-        state = state[spec.final_key]
-    if not isinstance(state, dict):
-        raise JobError(f"job {job!r}: {path.name} holds a {type(state).__name__}, not a state dict: set final_key")
-    tensors = {k: v for k, v in state.items() if hasattr(v, "detach")}
-    return tensor_digests(tensors)
+        raise JobError(
+            f"job {job!r}: {path.name} holds a {summary.get('holds') or 'value'}, not a state dict: set final_key"
+        )
+    return summary["digests"]

@@ -1,0 +1,141 @@
+"""What a job's checkpoint file holds (its stored step, its weights' digests), read without
+running any of the job's code in the harness.
+
+A checkpoint is a pickle the job wrote, and unpickling runs whatever code the file names: a
+hostile or buggy job could run code as the harness's user (root in CI), outside its container.
+So the harness opens the file without following links and loads it with
+``torch.load(weights_only=True)``, which accepts tensors and plain containers only. A file that
+needs more (numpy RNG state, a custom class) is read by ``confined/load_checkpoint.py`` in a
+process the job's own backend starts: the job's confinement, never the pytest process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .backends.base import Backend, LaunchSpec
+from .confined.load_checkpoint import summarize
+from .errors import JobError
+from .safefs import open_beneath, read_text_bounded
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+LOADER = PACKAGE_DIR / "confined" / "load_checkpoint.py"
+CONFINED_TIMEOUT_SECONDS = 300.0
+ANSWER_BYTES = 1 << 20
+WEIGHTS_ONLY_REFUSAL = "Weights only load failed"
+
+
+class NeedsFullUnpickle(JobError):
+    """``torch.load(weights_only=True)`` refused the file: only the job's confinement may read it."""
+
+
+ConfinedLoad = Callable[[Path, "str | None", "str | None"], dict[str, Any]]
+
+
+def read_checkpoint(
+    path: Path,
+    step_key: str | None,
+    final_key: str | None,
+    confined: ConfinedLoad | None = None,
+    root: Path | None = None,
+) -> dict[str, Any]:
+    """``{"step", "digests", "keys"}`` of the checkpoint at ``path`` (see ``summarize``), opened
+    beneath ``root`` (default: its own folder) without following any link.
+
+    Raises :class:`~spotchaos.safefs.UnsafeFile` for a link or a special file, ``OSError`` when
+    it is missing, and whatever ``torch.load`` raises on a file that is not (yet) whole.
+    """
+    import torch
+
+    root = path.parent if root is None else root
+    with os.fdopen(open_beneath(root, path.relative_to(root)), "rb") as f:
+        try:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            if WEIGHTS_ONLY_REFUSAL not in str(exc):
+                raise
+            if confined is None:
+                raise NeedsFullUnpickle(
+                    f"{path.name} needs a full unpickle (it holds more than tensors and plain containers), and "
+                    "spotchaos never unpickles a job's file in its own process"
+                ) from None
+            return confined(path, step_key, final_key)
+    return summarize(state, step_key, final_key)
+
+
+class ConfinedLoader:
+    """Runs ``load_checkpoint.py`` through the job's backend, with the job's environment and
+    mounts: a subprocess for a local job, a container of its image for a container job."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        in_container: bool,
+        env: dict[str, str],
+        cwd: Path,
+        folder: Path,
+        writable: tuple[Path, ...],
+    ) -> None:
+        self.backend = backend
+        self.python = "python" if in_container else sys.executable
+        self.env = env
+        self.cwd = cwd
+        self.folder = folder
+        self.writable = writable
+        self.runs = 0
+
+    def __call__(self, path: Path, step_key: str | None, final_key: str | None) -> dict[str, Any]:
+        self.runs += 1
+        out = self.folder / f"confined-load-{self.runs}.out"
+        spec = LaunchSpec(
+            argv=(self.python, str(LOADER), str(path), step_key or "", final_key or ""),
+            env=self.env,
+            cwd=self.cwd,
+            stdout_path=out,
+            stderr_path=out.with_suffix(".err"),
+            grace_seconds=1.0,
+            writable=self.writable,
+            readable=(PACKAGE_DIR,),
+        )
+        handle = self.backend.start(spec)
+        try:
+            code = handle.wait(CONFINED_TIMEOUT_SECONDS)
+        finally:
+            handle.cleanup()
+        if code is None:
+            raise JobError(f"reading {path.name} in the job's confinement took over {CONFINED_TIMEOUT_SECONDS:g} s")
+        return _validated(read_text_bounded(out, ANSWER_BYTES), path, code)
+
+
+def _validated(text: str, path: Path, code: int | None) -> dict[str, Any]:
+    """The loader's answer, checked like any output of the job (the pickle it read ran code)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise JobError(f"reading {path.name} in the job's confinement gave no answer (exit status {code})")
+    if isinstance(answer.get("error"), str):
+        raise JobError(f"cannot load {path.name}: {answer['error']}")
+    step, digests = answer.get("step"), answer.get("digests")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise JobError(f"reading {path.name} in the job's confinement: step {step!r} is not an integer")
+    if digests is not None and not (
+        isinstance(digests, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in digests.items())
+    ):
+        raise JobError(f"reading {path.name} in the job's confinement: its digests are not names and strings")
+    keys = answer.get("keys")
+    return {
+        "step": step,
+        "digests": digests,
+        "keys": [str(k) for k in keys[:20]] if isinstance(keys, list) else None,
+        "holds": str(answer.get("holds", "")),
+    }
