@@ -9,10 +9,12 @@ else, so trainers may add fields and event kinds of their own.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from .errors import JobError
+from .safefs import open_regular
 
 Event = dict[str, Any]
 
@@ -27,6 +29,8 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 MAX_LINE_SHOWN = 160
+MAX_LINE_BYTES = 1 << 20  # an event or a log line longer than this is refused: a job's garbage never fills memory
+READ_BYTES = 4 << 20  # read at most this much per poll, so a flood cannot stall the timeouts
 
 
 def validate_event(record: Any, where: str) -> Event:
@@ -38,6 +42,7 @@ def validate_event(record: Any, where: str) -> Event:
         value = record.get(field)
         if not isinstance(value, expected) or isinstance(value, bool):
             raise JobError(f"{where}: '{kind}' event needs field '{field}' of type {_type_name(expected)}")
+    _check_shapes(record, kind, where)
     if kind == "step":
         try:
             float.fromhex(record["loss"])
@@ -48,10 +53,74 @@ def validate_event(record: Any, where: str) -> Event:
     return record
 
 
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def _check_shapes(record: dict[str, Any], kind: str, where: str) -> None:
+    """The nested fields the verdict and the report read, checked before anything reads them: a
+    job's malformed event is its own error, never a crash of the harness (read as a pass)."""
+    fp = record.get("fp")
+    if fp is not None and not (isinstance(fp, dict) and all(isinstance(v, _SCALAR) for v in fp.values())):
+        raise JobError(f"{where}: '{kind}' event field 'fp' must map names to strings or numbers, got {_shown(fp)}")
+    memory = record.get("memory")
+    if memory is not None and not (
+        isinstance(memory, dict) and all(isinstance(v, int | float | type(None)) for v in memory.values())
+    ):
+        raise JobError(f"{where}: '{kind}' event field 'memory' must map names to numbers, got {_shown(memory)}")
+    if kind == "final" and not all(isinstance(v, str) for v in record["digests"].values()):
+        raise JobError(f"{where}: 'final' event field 'digests' must map tensor names to digest strings")
+    seconds = record.get("seconds")
+    if seconds is not None and (not isinstance(seconds, int | float) or isinstance(seconds, bool)):
+        raise JobError(f"{where}: '{kind}' event field 'seconds' must be a number, got {_shown(seconds)}")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _type_name(expected: type | tuple[type, ...]) -> str:
     if isinstance(expected, tuple):
         return " or ".join(t.__name__ for t in expected)
     return expected.__name__
+
+
+class LineReader:
+    """Whole lines appended to a file the job writes, read incrementally and defensively.
+
+    The file is opened only if it is a regular file reached without a link (a FIFO would block
+    ``open`` past every timeout, a link to ``/dev/zero`` would never end), then kept open: polls
+    are hot. Each poll reads a bounded amount, and a line longer than ``MAX_LINE_BYTES`` is an
+    error naming the file, so whatever the job writes, the engine's timeouts keep firing.
+    """
+
+    def __init__(self, path: Path, what: str = "events file") -> None:
+        self.path = path
+        self.what = what
+        self._file = None
+        self.pending = b""  # bytes after the last newline: a line not finished yet
+
+    def read_lines(self) -> list[bytes]:
+        if self._file is None:
+            try:
+                self._file = os.fdopen(open_regular(self.path), "rb")
+            except FileNotFoundError:
+                return []
+        chunk = self._file.read(READ_BYTES)
+        if not chunk:
+            return []
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
+        if len(self.pending) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
+            raise JobError(
+                f"{self.path.name}: a line of the job's {self.what} is longer than {MAX_LINE_BYTES} bytes: "
+                "refused (is something other than the trainer writing to it?)"
+            )
+        return lines
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class EventReader:
@@ -59,36 +128,23 @@ class EventReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = None  # opened once the trainer has created the file, then kept: polls are hot
-        self._pending = b""
+        self._lines = LineReader(path)
         self._line_number = 0
         self.events: list[Event] = []
 
     def read_new(self) -> list[Event]:
         """Parse every line completed since the last call."""
-        if self._file is None:
-            try:
-                self._file = open(self.path, "rb")
-            except FileNotFoundError:
-                return []
-        chunk = self._file.read()
-        if not chunk:
-            return []
-        data = self._pending + chunk
-        *lines, self._pending = data.split(b"\n")
-        new = [self._parse(line) for line in lines if line.strip()]
+        new = [self._parse(line) for line in self._lines.read_lines() if line.strip()]
         self.events.extend(new)
         return new
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._lines.close()
 
     @property
     def torn_tail(self) -> bytes:
         """Bytes after the last newline: a line the writer never finished."""
-        return self._pending
+        return self._lines.pending
 
     def _parse(self, raw: bytes) -> Event:
         self._line_number += 1

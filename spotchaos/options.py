@@ -78,12 +78,18 @@ def resolve(
                 f"--spotchaos-job: no job named {name!r} (declared: {', '.join(sorted(known)) or 'none'})"
             )
 
+    parsed = Plan.parse(plan) if plan is not None else None
+    if parsed is not None and not parsed.preemptions:
+        raise ConfigError(
+            f"--spotchaos-plan: {plan!r} holds no preemption; give at least one FAULT@STEP, e.g. sigterm@5"
+        )
+
     return RunOptions(
         seed=resolved_seed,
         profile=profile,
         max_examples=examples or PROFILES[profile],
         output=output or settings.output,
-        plan=Plan.parse(plan) if plan else None,
+        plan=parsed,
         jobs=tuple(jobs or ()),
         keep_runs=keep_runs,
         image=_image(image),

@@ -53,7 +53,7 @@ class Plan:
             head, _, damage = part.partition(":")
             fault, _, step = head.partition("@")
             damage, _, pick = damage.partition("~")
-            if not step.isdigit():
+            if not (step.isascii() and step.isdigit()):
                 raise ConfigError(f"plan item {part!r} must look like FAULT@STEP[:DAMAGE[~PICK]], e.g. sigterm@5")
             try:
                 pick_value = float(pick) if pick else 0.0

@@ -48,6 +48,7 @@ class Attempt:
     fault: FaultRecord | None = None
     damage: Damage | None = None  # applied after this attempt ended, before the next one started
     orphans: list[int] = field(default_factory=list)  # processes left after the main one exited
+    escaped: list[str] = field(default_factory=list)  # processes that left the job's group, found and ended
     stdout_tail: str = ""
     stderr_tail: str = ""
 
@@ -84,6 +85,8 @@ class RunRecord:
     attempts: list[Attempt]
     wall_seconds: float
     workdir: str
+    unfired: list[str] = field(default_factory=list)  # planned faults that never reached a running attempt, and why
+    not_reached: list[str] = field(default_factory=list)  # planned for attempts that never started: training was done
 
     @property
     def steps(self) -> list[StepRecord]:

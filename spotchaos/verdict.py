@@ -362,6 +362,8 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     missing = sorted(set(ref_steps) - got_steps)
     unexpected = sorted(got_steps - set(ref_steps))
 
+    for unfired in chaos.unfired:  # a plan that preempted nothing proves nothing: never a pass
+        failures.append(f"planned fault {unfired}: the run proves nothing about it (preempt a step the job reaches)")
     resumed = _resume_points(chaos.attempts)
     divergence = find_divergence(reference, chaos, resumed)
     if divergence is not None:
