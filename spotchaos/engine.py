@@ -10,25 +10,32 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from .backends import Backend, Handle, LaunchSpec, SubprocessBackend
+from .checkpoint_reader import ConfinedLoader
 from .config import JobSpec
 from .errors import JobError
 from .events import EventReader
 from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
+from .leftovers import LiveJobs
 from .logadapter import LogEventReader
 from .plan import Plan, Preemption
 from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_RUN_ID
+from .processes import end_marked
+from .safefs import UnsafeFile, read_text_bounded
 from .trajectory import Attempt, FaultRecord, RunRecord
 
 POLL_SECONDS = 0.003
 TAIL_BYTES = 4000
+FS_EVENTS_BYTES = 64 << 20
 CRASHPOINT_DIR = Path(__file__).resolve().parent / "crashpoint"
 FS_EVENTS = "fs-events.jsonl"
 CHECKPOINT_PLACEHOLDER = "{checkpoint_dir}"
@@ -45,17 +52,16 @@ class EngineOptions:
     before_restart: Callable[[int], Mapping[str, str] | None] | None = None
     # a planned preemption also waits until this says so (a checkpoint upload is in flight)
     preempt_when: Callable[[], bool] | None = None
+    # where running attempts are written down, so a later pytest ends them if this one dies
+    live: LiveJobs = field(default_factory=LiveJobs)
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    """The end of a log the job wrote, read without following a link or blocking on a FIFO."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        return ""
+        return read_text_bounded(path, limit, tail=True)
+    except UnsafeFile as exc:
+        return f"({exc})"
 
 
 def _last_lines(text: str, count: int = 8) -> str:
@@ -167,6 +173,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
     """
     backend = options.backend or SubprocessBackend()
     workdir.mkdir(parents=True, exist_ok=False)
+    workdir = workdir.resolve()  # resolved once, now, while only the harness has touched it
     checkpoints = workdir / "checkpoints"
     checkpoints.mkdir()
     run_id = uuid.uuid4().hex[:12]
@@ -187,13 +194,44 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
             break  # finished (or failed without a preemption: the verdict says which)
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
+    unfired, not_reached = _unfired(plan, attempts)
     return RunRecord(
         job=job.name,
         plan=str(plan),
         attempts=attempts,
         wall_seconds=time.monotonic() - started,
         workdir=str(workdir),
+        unfired=unfired,
+        not_reached=not_reached,
     )
+
+
+def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]:
+    """The planned preemptions that never reached the job: (those whose attempt ran without them:
+    the plan proved nothing about them; those whose attempt never started because an earlier,
+    preempted one finished the training, which a search's plan may well outrun)."""
+    unfired, not_reached = [], []
+    for index, planned in enumerate(plan.preemptions):
+        attempt = attempts[index] if index < len(attempts) else None
+        if attempt is None:
+            not_reached.append(f"{planned} (attempt {index}): training finished in attempt {len(attempts) - 1}")
+        elif attempt.fault is not None:
+            continue
+        elif planned.fault == "crash":
+            unfired.append(
+                f"{planned} never fired: attempt {index} made fewer than {planned.at_step} file-system events "
+                "under its checkpoint directory (crash@N counts those events, not steps)"
+            )
+        else:
+            last = attempt.steps[-1].step if attempt.steps else None
+            reached = last is not None and last >= planned.at_step
+            unfired.append(
+                f"{planned} never fired: attempt {index} ran to its end (step {last}) before the harness could "
+                "deliver it"
+                if reached
+                else f"{planned} never fired: attempt {index} ended after step {last}, before step {planned.at_step}"
+            )
+    return unfired, not_reached
 
 
 def _run_attempt(
@@ -208,28 +246,38 @@ def _run_attempt(
     options: EngineOptions,
 ) -> Attempt:
     folder = workdir / f"attempt-{index}"
-    folder.mkdir()
+    try:
+        folder.mkdir()
+    except FileExistsError:  # an earlier attempt made it (a link to elsewhere, say): never used
+        raise UnsafeFile(f"{folder} already exists: the job wrote into the harness's own folders, refused") from None
     events_path = folder / "events.jsonl"
+    # The attempt's own temporary folder: what the job leaves there (multiprocessing's pymp-* folders
+    # of DataLoader workers killed mid-run) goes with the attempt instead of piling up in /tmp. Short,
+    # since multiprocessing puts Unix sockets in it (108 bytes at most); a container needs none: its
+    # own /tmp goes with it.
+    scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-")) if job.container is None else None
     env = {**backend.inherited_environment(), **job.environment()}
     crash_at = preemption.at_step if preemption is not None and preemption.fault == "crash" else None
     if crash_at is not None or options.trace_fs:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
-        env["SPOTCHAOS_CRASH_ROOT"] = str(checkpoints.resolve())
+        env["SPOTCHAOS_CRASH_ROOT"] = str(checkpoints)
         env["SPOTCHAOS_CRASH_LOG"] = str(folder / FS_EVENTS)
         env["SPOTCHAOS_CRASH_AT"] = str(crash_at or 0)
     env.update(
         {
             ENV_EVENTS: str(events_path),
-            ENV_CHECKPOINT_URI: checkpoints.resolve().as_uri(),
+            ENV_CHECKPOINT_URI: checkpoints.as_uri(),
             ENV_RUN_ID: run_id,
             ENV_ATTEMPT: str(index),
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if scratch is not None:
+        env["TMPDIR"] = str(scratch)
     env.update(dict(options.extra_env))
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
     # an output directory writes where the harness works on copies.
-    argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(checkpoints.resolve())) for a in job.argv(resume=index > 0))
+    argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(checkpoints)) for a in job.argv(resume=index > 0))
     spec = LaunchSpec(
         argv=argv,
         env=env,
@@ -237,18 +285,25 @@ def _run_attempt(
         stdout_path=folder / "stdout.log",
         stderr_path=folder / "stderr.log",
         grace_seconds=float(job.grace_seconds or 30.0),
-        writable=(workdir.resolve(),),
+        writable=(workdir,),
         readable=(CRASHPOINT_DIR,) if crash_at is not None or options.trace_fs else (),
     )
     reader: EventReader | LogEventReader
     if job.log is not None:
         log_path = spec.stdout_path if job.log.stream == "stdout" else spec.stderr_path
-        reader = LogEventReader(log_path, job.log, checkpoints, job.name)
+        # neither armed for crashes nor writing events: it only reads a checkpoint, as the job would
+        quiet = {k: v for k, v in env.items() if not k.startswith("SPOTCHAOS_CRASH") and k != ENV_EVENTS}
+        confined = ConfinedLoader(
+            backend, in_container=job.container is not None, env=quiet, cwd=cwd, folder=folder, writable=spec.writable
+        )
+        reader = LogEventReader(log_path, job.log, checkpoints, job.name, confined)
     else:
         reader = EventReader(events_path)
     handle = backend.start(spec)
+    entry = options.live.add(run_id, getattr(handle, "identity", {}))  # for the next pytest, should this one die
     watch = _AttemptWatch(job, handle, reader, None if crash_at is not None else preemption, options.preempt_when)
     orphans: list[int] = []
+    escaped: list[str] = []
     try:
         try:
             watch.run()
@@ -256,8 +311,15 @@ def _run_attempt(
             raise JobError(f"{exc}\n  stderr (last lines):\n{_last_lines(_tail(spec.stderr_path))}") from None
         orphans = handle.survivors()
     finally:
-        handle.cleanup()
-        reader.close()
+        try:
+            handle.cleanup()
+            reader.close()
+        finally:
+            # a process that left the job's group (setsid, a double fork) still carries the run's marker
+            escaped = end_marked(f"{ENV_RUN_ID}={run_id}")
+            options.live.discard(entry)
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links inside are removed, never followed
     if isinstance(reader, LogEventReader) and watch.fault is None:  # a clean exit after a notice is no finish
         if watch.exit_code == 0 and index == 0 and not any(e["event"] == "step" for e in reader.events):
             stream = spec.stdout_path if job.log.stream == "stdout" else spec.stderr_path
@@ -280,6 +342,7 @@ def _run_attempt(
         events=reader.events,
         fault=watch.fault,
         orphans=orphans,
+        escaped=escaped,
         stdout_tail=_tail(spec.stdout_path),
         stderr_tail=_tail(spec.stderr_path),
     )
@@ -291,10 +354,25 @@ def _run_attempt(
 
 
 def read_fs_events(path: Path) -> list[dict]:
-    """The file-system events a traced or crash-armed attempt logged (see spotchaos/crashpoint)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The file-system events a traced or crash-armed attempt logged (see spotchaos/crashpoint).
+
+    The job's own process writes this log, so it is read like any file of the job: bounded, no
+    link followed, and a line that is not an event is an error naming the file."""
+    events = []
+    text = read_text_bounded(path, FS_EVENTS_BYTES)
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if not (
+            isinstance(event, dict) and isinstance(event.get("index"), int) and isinstance(event.get("t"), float | int)
+        ):
+            raise JobError(f"{path.name} line {number}: not a file-system event the crash-point hook wrote")
+        events.append(event)
+    return events
 
 
 def _crash_record(crash_at: int, attempt: Attempt, log: Path) -> FaultRecord | None:
@@ -332,24 +410,32 @@ def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
 
 def _durable_checkpoints(attempts: list[Attempt], root: Path) -> list[tuple[int, Path]]:
     """(step, path) of every checkpoint the run reported durable that still exists inside ``root``,
-    oldest first. Anything outside the run's own directory is never a target."""
+    oldest first. Anything outside the run's own directory is never a target.
+
+    A reported path is normalised as text, never resolved: resolving would follow the links the
+    job made (``ckpt-5 -> /home/user``) and take their targets for checkpoints."""
     found: dict[Path, int] = {}
-    base = root.resolve()
+    base = Path(os.path.abspath(root))
     for attempt in attempts:
         for event in attempt.of_kind("checkpoint"):
             parsed = urlparse(event["uri"])
-            path = Path(unquote(parsed.path)).resolve()
+            path = Path(os.path.normpath(unquote(parsed.path) or "."))
             if parsed.scheme == "s3":
                 raise OutsideCheckpoint(
                     f"checkpoint {event['uri']} is in S3: damaging S3 objects between attempts is not supported yet"
                 )
-            if parsed.scheme not in ("", "file") or not path.is_relative_to(base) or path == base:
+            if (
+                parsed.scheme not in ("", "file")
+                or not path.is_absolute()
+                or not path.is_relative_to(base)
+                or path == base
+            ):
                 raise OutsideCheckpoint(
                     f"the job reported checkpoint {event['uri']} outside the run's own directory {base.as_uri()} "
                     "(SPOTCHAOS_CHECKPOINT_URI): spotchaos damages only checkpoints its run created, so it refuses"
                 )
             found[path] = event["step"]
-    return sorted(((step, path) for path, step in found.items() if path.exists()), key=lambda sp: sp[0])
+    return sorted(((step, path) for path, step in found.items() if os.path.lexists(path)), key=lambda sp: sp[0])
 
 
 class OutsideCheckpoint(JobError):
@@ -361,7 +447,8 @@ def damage_newest(fault_name: str, pick: float, attempts: list[Attempt], root: P
     durable = _durable_checkpoints(attempts, root)
     if not durable:
         return Damage(fault_name, "", applied=False, detail="no durable checkpoint yet")
-    checkpoints = CheckpointSet(tuple(path for _, path in durable))
+    checkpoints = CheckpointSet(tuple(path for _, path in durable), Path(os.path.abspath(root)))
+    checkpoints.verify()  # UnsafeCheckpoint: a link or a special file in it, and nothing is touched
     try:
         damage = CHECKPOINT_FAULTS[fault_name].apply(checkpoints, pick)
     except ValueError as exc:

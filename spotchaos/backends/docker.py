@@ -25,6 +25,7 @@ from typing import Any
 
 from ..container import ContainerSpec
 from ..errors import BackendError
+from ..safefs import create_new
 from .base import LaunchSpec
 
 LABEL_SESSION = "spotchaos.session"
@@ -232,6 +233,10 @@ class DockerHandle:
     def __init__(self, container: Any, spec: LaunchSpec) -> None:
         self._container = container
         self._spec = spec
+        self.identity = {"container": container.id}  # for a later pytest run that must remove it if this one dies
+        # opened now, before the container runs: it can write to the run directory, and a log
+        # opened by name later could be a link it put there (to a host file it cannot see)
+        self._logs = [create_new(spec.stdout_path), create_new(spec.stderr_path)]
         self._exit: int | None = None
         self._exited = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -245,14 +250,14 @@ class DockerHandle:
         with contextlib.suppress(Exception):
             self._container.reload()
             self._pid = int(self._container.attrs["State"]["Pid"] or 0)
-        for path, stdout in ((self._spec.stdout_path, True), (self._spec.stderr_path, False)):
-            self._threads.append(threading.Thread(target=self._copy_log, args=(path, stdout), daemon=True))
+        for log, stdout in ((self._logs[0], True), (self._logs[1], False)):
+            self._threads.append(threading.Thread(target=self._copy_log, args=(log, stdout), daemon=True))
         self._threads.append(threading.Thread(target=self._wait, daemon=True))
         for thread in self._threads:
             thread.start()
 
-    def _copy_log(self, path: Path, stdout: bool) -> None:
-        with contextlib.suppress(Exception), open(path, "ab") as log:
+    def _copy_log(self, log: Any, stdout: bool) -> None:
+        with contextlib.suppress(Exception), log:
             for chunk in self._container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=True):
                 log.write(chunk)
                 log.flush()
@@ -340,4 +345,6 @@ class DockerHandle:
                 time.sleep(0.2)
         for thread in self._threads:
             thread.join(5)
+        for log in self._logs:
+            log.close()  # already closed by its thread, unless the thread never started
         self._cleaned = True

@@ -13,34 +13,11 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 from ..errors import BackendError
+from ..processes import group_members, start_time
+from ..safefs import create_new
 from .base import LaunchSpec
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    members = []
-    proc = Path("/proc")
-    if not proc.is_dir():  # not Linux: fall back to asking whether the group exists at all
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [pgid]
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
 class SubprocessHandle:
@@ -50,6 +27,8 @@ class SubprocessHandle:
         self._process = process
         self._logs = logs
         self._cleaned = False
+        # pid and start time: who this is, for a later pytest run that must end it if this one dies
+        self.identity = {"pid": process.pid, "start": start_time(process.pid)}
 
     @property
     def pid(self) -> int:
@@ -78,7 +57,7 @@ class SubprocessHandle:
             return None
 
     def survivors(self) -> list[int]:
-        return _group_members(self.pid)
+        return group_members(self.pid)
 
     def cleanup(self) -> None:
         if self._cleaned:
@@ -105,8 +84,12 @@ class SubprocessBackend:
         return dict(os.environ)  # the job runs under pytest's environment, as a local command would
 
     def start(self, spec: LaunchSpec) -> SubprocessHandle:
-        stdout = open(spec.stdout_path, "wb")
-        stderr = open(spec.stderr_path, "wb")
+        stdout = create_new(spec.stdout_path)
+        try:
+            stderr = create_new(spec.stderr_path)
+        except BaseException:
+            stdout.close()
+            raise
         try:
             process = subprocess.Popen(
                 list(spec.argv),

@@ -1,0 +1,106 @@
+"""What a pytest run that died left running, found and ended by the next one.
+
+Every attempt of a job is written down while it runs, under the pytest process that started it
+(``<tmp>/spotchaos-<uid>/live/<pid>-<start time>/``): a local job by its leader's pid and start
+time plus the run's marker variable, a container by its id. Cleanup removes the entry. If
+pytest is SIGKILLed (an OOM kill, a CI runner that gives up) its entries stay; the next
+``--spotchaos`` session, on any backend, finds entries whose pytest process is gone and ends
+exactly those processes and containers, never anything matched by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .processes import end, end_marked, group_members, is_running, start_time
+
+LIVE_DIR_VARIABLE = "SPOTCHAOS_LIVE_DIR"  # where the entries live (tests point it elsewhere)
+MARKER_VARIABLE = "SPOTCHAOS_RUN_ID"
+
+
+def _private_dir(path: Path) -> Path:
+    """``path`` created 0700, refused if it is a link or someone else's (a shared /tmp)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise RuntimeError(f"{path} is not a private directory of this user: spotchaos will not use it")
+    return path
+
+
+class LiveJobs:
+    """The entries of the jobs this pytest process is running."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        default = Path(tempfile.gettempdir()) / f"spotchaos-{os.getuid()}" / "live"
+        self.directory = directory or Path(os.environ.get(LIVE_DIR_VARIABLE) or default)
+        me = os.getpid()
+        self.owner = f"{me}-{start_time(me) or 0}"
+
+    def add(self, run_id: str, identity: dict[str, Any]) -> Path | None:
+        """Write down one running attempt; None when the directory cannot be used (then only
+        this process's own cleanup protects it, as before)."""
+        try:
+            folder = _private_dir(_private_dir(self.directory) / self.owner)
+            entry = folder / f"{uuid.uuid4().hex}.json"
+            entry.write_text(json.dumps({"run_id": run_id, **identity}))
+        except (OSError, RuntimeError):
+            return None
+        return entry
+
+    def discard(self, entry: Path | None) -> None:
+        if entry is not None:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+    def reap(self) -> list[str]:
+        """End what pytest runs that died left behind; one line per thing ended."""
+        if not self.directory.is_dir() or self.directory.is_symlink():
+            return []
+        ended: list[str] = []
+        for folder in sorted(self.directory.iterdir()):
+            pid, _, started = folder.name.partition("-")
+            if not (pid.isdigit() and started.isdigit()) or folder.is_symlink():
+                continue
+            if is_running(int(pid), int(started)) or folder.name == self.owner:
+                continue  # its pytest still runs: its jobs are its own to end
+            for entry in sorted(folder.glob("*.json")):
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    ended += _end_entry(json.loads(entry.read_text()), f"pytest pid {pid}")
+            shutil.rmtree(folder, ignore_errors=True)
+        return ended
+
+
+def _end_entry(entry: dict[str, Any], owner: str) -> list[str]:
+    ended: list[str] = []
+    run_id = str(entry.get("run_id") or "")
+    pid, started = entry.get("pid"), entry.get("start")
+    if isinstance(pid, int) and is_running(pid, started):  # the leader, as recorded: its whole group
+        members = group_members(pid)
+        end(members)
+        ended += [f"job process group {pid} ({len(members)} process(es)) of run {run_id}, left by {owner}"]
+    if run_id:  # everything else that carries the run's marker: group members, and what escaped with setsid
+        ended += [f"{what} of run {run_id}, left by {owner}" for what in end_marked(f"{MARKER_VARIABLE}={run_id}")]
+    container = entry.get("container")
+    if isinstance(container, str) and container:
+        ended += _remove_container(container, owner)
+    return ended
+
+
+def _remove_container(container: str, owner: str) -> list[str]:
+    try:
+        import docker
+
+        docker.from_env(timeout=30).containers.get(container).remove(force=True)
+    except Exception as exc:  # no SDK, no daemon, already gone
+        if "404" in str(exc) or "No such container" in str(exc):
+            return []
+        return [f"container {container[:12]} left by {owner} could not be removed: {type(exc).__name__}"]
+    return [f"container {container[:12]}, left by {owner}"]
