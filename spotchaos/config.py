@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 import sys
 import tomllib
@@ -25,6 +26,7 @@ from .presets import GRACE_WINDOWS, MTBF_PRESETS
 from .redact import secret_values
 
 PYTHON_ALIASES = ("python", "python3")
+JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 STORAGES = ("local", "s3")
 
 
@@ -60,6 +62,11 @@ class JobSpec:
     source: str = "python"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not JOB_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"job name {self.name!r}: use letters, digits, '.', '_' and '-' (at most 64, not starting with "
+                "'.' or '-'): the name becomes part of file, directory and container names"
+            )
         if not self.command:
             raise ConfigError(f"{self.where('command')}: must not be empty")
         if self.provider is not None and self.provider not in GRACE_WINDOWS:

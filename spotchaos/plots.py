@@ -15,6 +15,8 @@ matplotlib.use("Agg", force=False)  # a script that already chose a backend keep
 
 import matplotlib.pyplot as plt
 
+from .report import number
+
 REFERENCE_COLOUR = "#1f77b4"
 ATTEMPT_COLOURS = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 MARK_STYLES = {
@@ -36,12 +38,14 @@ def _draw(ax, trajectory: dict[str, Any], window: tuple[float, float] | None = N
     def inside(step: float) -> bool:
         return window is None or window[0] <= step <= window[1]
 
-    reference = [(s, v) for s, v in trajectory.get("reference", []) if v is not None and inside(s)]
+    reference = [(s, v) for s, raw in trajectory.get("reference", []) if (v := number(raw)) is not None and inside(s)]
     if reference:
         ax.plot(*zip(*reference, strict=True), color=REFERENCE_COLOUR, linewidth=2, label="reference (uninterrupted)")
     attempts = sorted({a for a, _, _ in trajectory.get("points", [])})
     for index in attempts:
-        points = [(s, v) for a, s, v in trajectory["points"] if a == index and v is not None and inside(s)]
+        points = [
+            (s, v) for a, s, raw in trajectory["points"] if a == index and (v := number(raw)) is not None and inside(s)
+        ]
         if points:
             colour = ATTEMPT_COLOURS[index % len(ATTEMPT_COLOURS)]
             ax.plot(*zip(*points, strict=True), "o", color=colour, markersize=4, label=f"attempt {index}")

@@ -6,7 +6,10 @@ this module only translates between them and pytest.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -20,9 +23,11 @@ from .backends.docker import DockerUnavailable, GpuUnavailable
 from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
 from .history import HISTORY_DIR, save_run
+from .leftovers import LiveJobs
 from .options import PROFILES, RunOptions, resolve
 from .plan import Plan
-from .redact import find_leaks, redact, secret_values
+from .processes import children
+from .redact import SecretMatcher, find_leaks, redact, secret_values
 from .report import build_report, now_iso, write_json, write_text
 from .report_md import render_markdown
 from .runner import (
@@ -34,11 +39,14 @@ from .runner import (
     ScenarioRecord,
     StorageFailure,
 )
+from .safefs import captured_logs, read_text_bounded, rewrite_logs
+from .sanitize import visible
 from .summary import figure_lines
 
 if TYPE_CHECKING:
     from .storage import CredentialSwap, Fault
 
+SCAN_BYTES = 256 << 20  # the most of one artifact the end-of-session secret scan reads
 SKIP_REASON = "chaos scenario: run with --spotchaos (it starts real training jobs)"
 CACHE_SEED = "spotchaos/seed"
 
@@ -51,6 +59,10 @@ class _State:
     started: str
     scenarios: list[dict[str, Any]] = field(default_factory=list)
     worker_secrets: list[str] = field(default_factory=list)  # S3 secrets pytest-xdist workers handed out
+    in_flight: dict[str, list[ScenarioRecord]] = field(default_factory=dict)  # a test's records until reported
+    interrupted: str | None = None  # the signal that stopped the session (SIGTERM, SIGHUP, SIGINT)
+    reaped: list[str] = field(default_factory=list)  # what dead pytest runs had left running, ended at start
+    old_handlers: dict[int, Any] = field(default_factory=dict)
 
     @property
     def secrets(self) -> list[str]:
@@ -170,15 +182,58 @@ def pytest_configure(config: pytest.Config) -> None:
     # Runs live beside the report, so a failure's logs and checkpoints are easy to find.
     stamp = f"{now_iso().replace(':', '')}-{os.getpid()}"
     runs = config.rootpath / options.output / "runs" / stamp
+    try:
+        _check_writable(config.rootpath / options.output)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"spotchaos: cannot write the report to {config.rootpath / options.output} "
+            f"(--spotchaos-output or [tool.spotchaos] output): {exc.strerror or exc}"
+        ) from None
     runner = ChaosRunner(config.rootpath, workdir=runs, keep_passing=options.keep_runs)
     state = _State(settings, options, runner, now_iso())
+    if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running
+        state.reaped = LiveJobs().reap()
     config.stash[STATE] = state
     config.pluginmanager.register(_Collector(config, state), "spotchaos-collector")
+    _catch_stop_signals(state, config)
+
+
+def _check_writable(directory: Path) -> None:
+    """Fail now, not after an hour of scenarios, when the report cannot be written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".spotchaos-write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
+def _catch_stop_signals(state: _State, config: pytest.Config) -> None:
+    """SIGTERM (CI cancelling a job, ``docker stop``) and SIGHUP (a closed terminal) stop the
+    session the way Ctrl-C does: every job and container is ended on the way out and the report
+    is written, marked interrupted. Python's default for both is to die on the spot, leaving the
+    trainers running and no report. A pytest-xdist controller passes the signal on to its
+    workers, whose jobs are theirs to end: execnet would SIGKILL a worker that is still busy."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        if state.interrupted is not None:
+            return  # already stopping: let the cleanup finish
+        state.interrupted = signal.Signals(signum).name
+        if config.pluginmanager.hasplugin("dsession"):  # the xdist controller: its children are the workers
+            for worker in children(os.getpid()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(worker, signum)
+        raise KeyboardInterrupt(f"spotchaos: pytest received {state.interrupted}: ending every job, writing the report")
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        state.old_handlers[signum] = signal.signal(signum, stop)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is not None:
+        for signum, handler in state.old_handlers.items():
+            signal.signal(signum, handler)
         state.runner.close()
         runs = state.runner.workdir.parent
         if runs.is_dir() and not any(runs.iterdir()):
@@ -191,10 +246,14 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         return None
     o = state.options
     jobs = ", ".join(j.name for j in _selected(state)) or "none declared"
-    return [
+    lines = [
         f"spotchaos: seed {o.seed} (replay with --spotchaos-seed={o.seed}), profile {o.profile} "
         f"({o.max_examples} plans per scenario), jobs: {jobs}, report: {o.output}/report.json"
     ]
+    if state.reaped:
+        lines.append(f"spotchaos: ended {len(state.reaped)} thing(s) that pytest runs which died had left running:")
+        lines += [f"  {line}" for line in state.reaped]
+    return lines
 
 
 def _selected(state: _State) -> list[JobSpec]:
@@ -258,6 +317,7 @@ class Scenario:
     def _record(self, job: JobSpec) -> ScenarioRecord:
         record = ScenarioRecord(scenario=self._item.nodeid, job=job.name, seed=self._state.options.seed)
         self._item.stash[RECORDS].append(record)
+        self._state.in_flight[self._item.nodeid] = self._item.stash[RECORDS]  # reported even if interrupted
         return record
 
     def check(self, job: JobSpec, plan: Plan | str) -> None:
@@ -362,6 +422,10 @@ class Scenario:
             record.passed = False
             record.error = str(exc)
             raise
+        except Exception as exc:  # a crash of the harness itself (or a MemoryError): an error, never a pass
+            record.passed = False
+            record.error = f"spotchaos could not finish this scenario: {type(exc).__name__}: {exc}"
+            raise
 
 
 def _benchmark_info(figures: dict[str, Any]) -> dict[str, Any]:
@@ -427,10 +491,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     state = item.config.stash.get(STATE, None)
     if state is None or call.when != "call" or RECORDS not in item.stash:
         return report
+    state.in_flight.pop(item.nodeid, None)
     records = []
     for record in item.stash[RECORDS]:
         data = asdict(record)
         data["outcome"] = report.outcome
+        if report.failed and data["passed"]:  # the test failed after (or around) the verdict: never shown as a pass
+            data["passed"] = False
+            what = f"{call.excinfo.typename}: {call.excinfo.value}" if call.excinfo is not None else "it failed"
+            data["error"] = f"the test failed after the scenario ran: {what}"
         data["replay"] = _replay_command(item, state, record.failing_plan)
         records.append(redact(data, state.secrets))  # a job's printed secret stops here, before xdist sends it
     report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
@@ -440,7 +509,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         notes = getattr(call.excinfo.value, "__notes__", [])
         replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
         text = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
-        report.longrepr = redact(text, state.secrets)  # the terminal and JUnit XML show it
+        report.longrepr = visible(redact(text, state.secrets))  # the terminal and JUnit XML show it
     return report
 
 
@@ -490,25 +559,49 @@ class _Collector:
     def pytest_sessionfinish(self, session: pytest.Session):
         """After the JUnit XML is written (so it can be scanned), before the terminal summary."""
         result = yield
+        # runs kept for inspection land in the report directory CI uploads: their logs are redacted too
+        rewrite_logs(self.state.runner.workdir, SecretMatcher(self.state.secrets).redact_text)
         if hasattr(self.config, "workerinput"):  # an xdist worker sends its records to the controller
             self.config.workeroutput["spotchaos_secrets"] = list(self.state.runner.secrets)
             return result
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED and self.state.interrupted is None:
+            self.state.interrupted = "SIGINT"
+        self._record_interrupted()
         self._write_report()
         self.leaks = self._scan_for_secrets()
         if self.leaks:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return result
 
+    def _record_interrupted(self) -> None:
+        """The scenarios a stop signal cut short: in the report as errors, never as passes."""
+        state = self.state
+        for records in state.in_flight.values():
+            for record in records:
+                data = asdict(record)
+                data["passed"] = False
+                data["error"] = f"interrupted ({state.interrupted or 'stopped'}) while this scenario ran"
+                data["outcome"] = "interrupted"
+                state.scenarios.append(redact(data, state.secrets))
+        state.in_flight.clear()
+
     def _scan_for_secrets(self) -> list[str]:
-        """Every file this session wrote for people to read, searched for each S3 secret the harness
-        made (and its first 8 characters): redaction is trusted only after it is checked."""
+        """Every file this session wrote for people to read (the report, the JUnit XML, the saved
+        run, the logs of kept runs) searched for each secret the harness handed out and each secret
+        of the jobs' own ``env`` (every 8-character window, and its encodings): redaction is
+        trusted only after it is checked."""
         files = [self.path, self.path.with_name("report.md"), self.path.with_name("report.html")] if self.path else []
+        if self.saved is not None:
+            files.append(self.saved)
         xml = _junit_xml(self.config)
         if xml is not None and Path(xml.logfile).is_file():
             files.append(Path(xml.logfile))
-        captured = {str(f): f.read_text(errors="replace") for f in files if f.is_file()}
-        secrets = [*self.state.runner.secrets, *self.state.worker_secrets]
-        return sorted({where for secret in secrets for where in find_leaks(captured, secret)})
+        captured = {str(f): read_text_bounded(f, SCAN_BYTES) for f in files if f.is_file()}
+        runs = self.config.rootpath / self.state.options.output / "runs"
+        captured.update({str(runs / name): text for name, text in captured_logs(runs).items()})
+        state = self.state
+        secrets = [*state.runner.secrets, *state.worker_secrets, *(s for j in _selected(state) for s in j.secrets())]
+        return find_leaks(captured, secrets)
 
     def _write_report(self) -> None:
         state = self.state
@@ -522,6 +615,8 @@ class _Collector:
             started=state.started,
             secrets=state.secrets,
             containers=state.runner.containers(),
+            interrupted=state.interrupted,
+            reaped=state.reaped,
         )
         self.config.hook.pytest_spotchaos_report(config=self.config, report=document)
         self.path = write_json(document, self._report_path())
@@ -547,11 +642,17 @@ class _Collector:
             tr.write_line(f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}".rstrip())
             for line in figure_lines(s.get("figures") or {}):
                 tr.write_line(f"          {line}")
+            for escaped in sorted({p for r in s["runs"] for p in r.get("escaped_processes") or []}):
+                tr.write_line(visible(f"          warning: left the job's process group and was ended: {escaped}"))
+        if self.state.interrupted is not None:
+            tr.write_line(f"INTERRUPTED by {self.state.interrupted}: every job was ended; the report says so")
         if self.path is not None:
             tr.write_line(f"report: {self.path} (and report.md, report.html beside it)")
         if self.saved is not None:
             tr.write_line(f"saved as {self.saved} (compare runs with: spotchaos compare previous latest)")
         if self.leaks:
-            tr.write_line(f"FAILED: a run's S3 secret (or its first 8 characters) appears in: {', '.join(self.leaks)}")
+            tr.write_line(
+                f"FAILED: a secret (or 8 characters of one, or its encoding) appears in: {', '.join(self.leaks)}"
+            )
         seed = self.state.options.seed
         tr.write_line(f"seed: {seed} (replay with --spotchaos-seed={seed})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import subprocess
@@ -24,6 +25,7 @@ from .errors import ReportError
 from .redact import redact
 
 SCHEMA_VERSION = 1
+MAX_REPORT_BYTES = 256 << 20
 
 
 def _git_commit(root: Path) -> str | None:
@@ -122,8 +124,10 @@ def build_report(
     started: str,
     secrets: list[str] | None = None,
     containers: list[dict[str, Any]] | None = None,
+    interrupted: str | None = None,
+    reaped: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The whole document, with every secret (and its first 8 characters) redacted."""
+    """The whole document, with every leaked window of a secret (and its encodings) redacted."""
     passed = sum(1 for s in scenarios if s.get("passed"))
     env = environment(root)
     if containers:
@@ -139,12 +143,15 @@ def build_report(
         "jobs": jobs,
         "summary": {"scenarios": len(scenarios), "passed": passed, "failed": len(scenarios) - passed},
         "scenarios": scenarios,
-        "decision": decide(scenarios),
+        "decision": decide(scenarios, interrupted),
+        # the signal that stopped the session before every scenario ran (None: it ran to its end)
+        "interrupted": interrupted,
+        "leftovers_ended": list(reaped or []),  # what pytest runs that died had left running, ended at start
     }
     return redact(document, secrets or [])
 
 
-def decide(scenarios: list[dict[str, Any]]) -> dict[str, str]:
+def decide(scenarios: list[dict[str, Any]], interrupted: str | None = None) -> dict[str, str]:
     """Continue, change or roll back: what the run says about shipping this trainer.
 
     A failed resume verdict means the job would lose or corrupt work on a real preemption (change
@@ -153,10 +160,13 @@ def decide(scenarios: list[dict[str, Any]]) -> dict[str, str]:
     """
     if not scenarios:
         return {"decision": "unknown", "why": "no scenario ran"}
-    broken = [s["scenario"] for s in scenarios if not s.get("passed") and (s.get("verdict") or s.get("error"))]
-    over_budget = [s["scenario"] for s in scenarios if not s.get("passed") and s["scenario"] not in broken]
+    judged = [s for s in scenarios if s.get("outcome") != "interrupted"]
+    broken = [s["scenario"] for s in judged if not s.get("passed") and (s.get("verdict") or s.get("error"))]
+    over_budget = [s["scenario"] for s in judged if not s.get("passed") and s["scenario"] not in broken]
     if broken:
         return {"decision": "change", "why": f"{len(broken)} scenario(s) did not resume correctly: fix the trainer"}
+    if interrupted is not None:
+        return {"decision": "unknown", "why": f"the session was interrupted ({interrupted}) before every scenario ran"}
     if over_budget:
         return {"decision": "change", "why": f"{len(over_budget)} scenario(s) over budget: change the configuration"}
     return {"decision": "continue", "why": f"all {len(scenarios)} scenario(s) passed"}
@@ -169,14 +179,18 @@ def load_report(path: Path) -> dict[str, Any]:
     (pytest killed mid-write by an older tool, a partial download) must not render as a pass.
     """
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_REPORT_BYTES + 1)
     except OSError as exc:
         raise ReportError(f"{path}: cannot read the report: {exc.strerror or exc}") from None
+    if len(raw) > MAX_REPORT_BYTES:
+        raise ReportError(f"{path}: over {MAX_REPORT_BYTES >> 20} MiB, not a spotchaos report")
+    text = raw.decode("utf-8", "replace")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
-        ends = text.rstrip()[-1:]
-        truncated = "" if ends == "}" else f" (it looks truncated: it ends in {text.rstrip()[-20:]!r}, not '}}')"
+        # the file's content is never echoed: the path may name any file (a key, a password file)
+        truncated = "" if text.rstrip().endswith("}") else " (it looks truncated: it does not end in '}')"
         raise ReportError(
             f"{path}: not a valid JSON report{truncated}: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
@@ -213,5 +227,29 @@ def write_text(text: str, path: Path) -> Path:
     return path
 
 
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN and infinity as the string JavaScript would print ("NaN",
+    "Infinity", "-Infinity"): bare ``NaN`` is not JSON, and browsers and ``jq`` reject it (a
+    diverged run's loss is exactly where it shows up)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def number(value: Any) -> float | None:
+    """A figure read back from a report: a number, one of the strings above, or None."""
+    if isinstance(value, str):
+        return NON_FINITE.get(value)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def write_json(document: dict[str, Any], path: Path) -> Path:
-    return write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n", path)
+    text = json.dumps(strict_json(document), indent=2, sort_keys=True, default=str, allow_nan=False)
+    return write_text(text + "\n", path)

@@ -1,22 +1,35 @@
 """The report as Markdown: the CI job summary a person reads first.
 
 Rendered from the JSON document alone (so a saved report renders the same later). Trainer text
-that reaches the tables (failure messages quote values and paths) is escaped for Markdown
-tables: pipes, newlines, backticks and angle brackets.
+that reaches the tables (failure messages quote its output, values and paths) is made inert:
+markup and bare URLs escaped, control characters shown as escapes, one line per cell.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .sanitize import markdown_text, visible
 from .summary import storage_line
 
 
 def _cell(value: Any) -> str:
+    """Text that may quote the job (failures, errors, figures' messages), for a table cell or a
+    list item: inert Markdown (see spotchaos.sanitize), on one line."""
     text = "" if value is None else str(value)
-    for raw, escaped in (("\\", "\\\\"), ("|", "\\|"), ("`", "\\`"), ("<", "&lt;"), (">", "&gt;")):
-        text = text.replace(raw, escaped)
-    return " ".join(text.split())  # newlines would end the table row
+    return " ".join(markdown_text(text).split())  # newlines would end the table row
+
+
+def _name(value: Any) -> str:
+    """The user's own names (pytest node ids, job names, plans): pipes escaped, on one line, and
+    otherwise as written, so ``test_x.py::test[job]`` reads as itself in the raw file too."""
+    text = visible("" if value is None else str(value)).replace("|", "\\|").replace("<", "&lt;")
+    return " ".join(text.split())
+
+
+def _code(value: Any) -> str:
+    """Text for a code span (a replay command): no backtick can end it early, no control byte."""
+    return " ".join(visible("" if value is None else str(value)).replace("`", "'").split())
 
 
 def _verdict(scenario: dict[str, Any]) -> str:
@@ -52,18 +65,26 @@ def render_markdown(document: dict[str, Any]) -> str:
     for s in scenarios:
         lost = sum(r.get("lost_steps", 0) for r in s.get("runs", []))
         lines.append(
-            f"| {_verdict(s)} | {_cell(s.get('scenario'))} | {_cell(s.get('job'))} | {s.get('plans_tried', 0)} "
-            f"| {lost} | {_cell(s.get('failing_plan'))} |"
+            f"| {_verdict(s)} | {_name(s.get('scenario'))} | {_name(s.get('job'))} | {s.get('plans_tried', 0)} "
+            f"| {lost} | {_name(s.get('failing_plan'))} |"
         )
+    if document.get("interrupted"):
+        lines += ["", f"**Interrupted by {_cell(document['interrupted'])}**: not every scenario ran."]
+    escaped = [(s, p) for s in scenarios for r in s.get("runs", []) for p in r.get("escaped_processes") or []]
+    if escaped:
+        lines += ["", "## Warnings", ""]
+        lines += [
+            f"- {_name(s.get('scenario'))}: left the job's process group and was ended: {_cell(p)}" for s, p in escaped
+        ]
     failed = [s for s in scenarios if not s.get("passed")]
     if failed:
         lines += ["", "## What went wrong", ""]
         for s in failed:
-            lines.append(f"### {_cell(s.get('scenario'))}")
+            lines.append(f"### {_name(s.get('scenario'))}")
             lines.append("")
             for failure in (s.get("verdict") or {}).get("failures", []) or [s.get("error") or "failed"]:
                 lines.append(f"- {_cell(failure)}")
-            lines += ["", f"Replay: `{_cell(s.get('replay'))}`", ""]
+            lines += ["", f"Replay: `{_code(s.get('replay'))}`", ""]
     figures = [(s, s.get("figures")) for s in scenarios if s.get("figures")]
     if figures:
         lines += ["", "## Figures", "", "| scenario | figure | value |", "| --- | --- | --- |"]
@@ -75,12 +96,12 @@ def render_markdown(document: dict[str, Any]) -> str:
                     if overhead.get("fraction") is None
                     else (f"{overhead['fraction']:.2%} (budget {overhead['budget']:.2%})")
                 )
-                lines.append(f"| {_cell(s['scenario'])} | checkpoint overhead | {_cell(value)} |")
+                lines.append(f"| {_name(s['scenario'])} | checkpoint overhead | {_cell(value)} |")
             if f.get("advice"):
-                lines.append(f"| {_cell(s['scenario'])} | interval advice | {_cell(f['advice'].get('message'))} |")
+                lines.append(f"| {_name(s['scenario'])} | interval advice | {_cell(f['advice'].get('message'))} |")
             for flush in f.get("notice_flush", []):
                 shown = "none" if flush.get("flush_seconds") is None else f"{flush['flush_seconds']:.3g} s"
-                lines.append(f"| {_cell(s['scenario'])} | notice flush | {shown} of {flush.get('window')} s |")
+                lines.append(f"| {_name(s['scenario'])} | notice flush | {shown} of {flush.get('window')} s |")
             for item in f.get("storage", []):
-                lines.append(f"| {_cell(s['scenario'])} | storage | {_cell(storage_line(item))} |")
+                lines.append(f"| {_name(s['scenario'])} | storage | {_cell(storage_line(item))} |")
     return "\n".join(lines) + "\n"

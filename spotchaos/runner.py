@@ -29,12 +29,13 @@ from .backends.docker import DockerBackend, DockerSession
 from .config import JobSpec
 from .cost import estimate
 from .engine import FS_EVENTS, EngineOptions, read_fs_events, run_job
-from .errors import JobError, SpotchaosError
+from .errors import ConfigError, JobError, SpotchaosError
 from .overhead import checkpoint_blocking, measure_overhead, notice_flushes
 from .plan import Plan, Preemption
 from .presets import MTBF_PRESETS
 from .probe import ENV_CHECKPOINT_URI
 from .redact import find_leaks, redact
+from .safefs import captured_logs
 from .strategies import preemption_plans
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
@@ -229,6 +230,8 @@ class ChaosRunner:
 
     def check(self, job: JobSpec, plan: Plan, record: ScenarioRecord | None = None) -> Verdict:
         """Run one plan; raise :class:`ChaosFailure` unless every verdict holds."""
+        if not plan.preemptions:
+            raise ConfigError(f"job {job.name!r}: an empty plan preempts nothing; give at least one FAULT@STEP")
         run, verdict = self.run(job, plan)
         skipped = [a.damage for a in run.attempts if a.damage is not None and not a.damage.applied]
         if skipped:
@@ -656,18 +659,14 @@ class ChaosRunner:
 
 
 def _captured(workdir: Path | str) -> dict[str, str]:
-    """What the harness captured of a run, by name: every attempt's stdout, stderr and events."""
-    root = Path(workdir)
-    return {
-        str(p.relative_to(root)): p.read_text(errors="replace")
-        for p in root.rglob("*")
-        if p.is_file() and p.suffix in (".log", ".jsonl")
-    }
+    """What the harness captured of a run, by name: every attempt's stdout, stderr and events
+    (regular files only, bounded: the job wrote them)."""
+    return captured_logs(Path(workdir))
 
 
 def _leaks(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
-    """Names of the captured texts holding any of ``secrets`` (or its first 8 characters)."""
-    return sorted({where for secret in secrets for where in find_leaks(captured, secret)})
+    """Names of the captured texts holding a leaked window (or encoding) of any of ``secrets``."""
+    return find_leaks(captured, secrets)
 
 
 def _leak_problems(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
@@ -675,7 +674,9 @@ def _leak_problems(captured: dict[str, str], secrets: Sequence[str]) -> list[str
 
 
 def _leak_problem(leaks: list[str]) -> list[str]:
-    return [f"the run's secret (or its first 8 characters) appears in: {', '.join(leaks)}"] if leaks else []
+    return (
+        [f"the run's secret (or 8 characters of it, or its encoding) appears in: {', '.join(leaks)}"] if leaks else []
+    )
 
 
 def _storage_verdict(
@@ -703,6 +704,9 @@ def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, 
         "damage": [asdict(d) for d in verdict.damage],  # each checkpoint fault and what the job did
         "restart_seconds": [a.start_seconds for a in run.attempts[1:]],
         "memory": run.memory_peaks(),
+        # processes that left the job's process group (setsid, a double fork), found by the run's marker and ended
+        "escaped_processes": [p for a in run.attempts for p in a.escaped],
+        "not_reached": run.not_reached,  # planned faults whose attempt never started: training was already done
     }
     record.runs.append(summary)
     if record.reference is None:

@@ -5,13 +5,25 @@ daemon thread, and on exit shut down, close the socket and join the thread."""
 from __future__ import annotations
 
 import abc
+import posixpath
 import threading
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import unquote, urlsplit
 
 from ..errors import BackendError
 
 LOOPBACK = "127.0.0.1"
+MOTO_ADMIN_PREFIX = "/moto-api"
+
+
+def is_moto_admin(target: str) -> bool:
+    """Whether a request target reaches moto's unauthenticated admin API (``/moto-api/reset``
+    wipes every bucket, ``/moto-api/reset-auth`` turns IAM checks off), however it is spelled:
+    an absolute URI, percent-encoding, doubled slashes, dot segments, any case."""
+    path = unquote(urlsplit(target).path or target).lower()
+    normal = posixpath.normpath("/" + path.lstrip("/"))
+    return normal == MOTO_ADMIN_PREFIX or normal.startswith(MOTO_ADMIN_PREFIX + "/")
 
 
 class LoopbackServer(abc.ABC):

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from ..errors import BackendError
 from .faults import Fault, Request, S3Error
-from .loopback import LOOPBACK, LoopbackServer
+from .loopback import LOOPBACK, LoopbackServer, is_moto_admin
 
 CHUNK = 64 * 1024
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
@@ -140,6 +140,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         owner = self.owner
+        if is_moto_admin(self.path):  # only the harness talks to moto's admin API, and never through here
+            self.close_connection = True  # the request body stays unread
+            self._send_error(
+                S3Error(403, "AccessDenied", "the spotchaos fault proxy does not forward moto's admin API (/moto-api/)")
+            )
+            return
         headers = {k.lower(): v for k, v in self.headers.items()}
         length = int(headers.get("content-length", "0") or 0)
         request = Request(self.command, self.path, headers, length)
