@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -39,34 +40,31 @@ def is_running(pid: int, started: int | None) -> bool:
     return started is not None and start_time(pid) == started
 
 
+def _live_where(test: Callable[[list[str]], bool]) -> list[int]:
+    """Live (non-zombie) processes whose stat fields pass ``test`` (state, ppid, pgrp, ...)."""
+    found = []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and len(fields) > 2 and fields[0] != "Z" and test(fields):
+                found.append(int(entry.name))
+    return found
+
+
 def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
+    """Live processes whose process group is ``pgid``."""
     if not PROC.is_dir():  # not Linux: fall back to asking whether the group exists at all
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
             return []
         return [pgid]
-    members = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None and len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-                members.append(int(entry.name))
-    return members
+    return _live_where(lambda fields: int(fields[2]) == pgid)
 
 
 def children(parent: int) -> list[int]:
     """Live processes whose parent is ``parent``."""
-    if not PROC.is_dir():
-        return []
-    found = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None and len(fields) > 1 and fields[0] != "Z" and int(fields[1]) == parent:
-                found.append(int(entry.name))
-    return found
+    return _live_where(lambda fields: int(fields[1]) == parent) if PROC.is_dir() else []
 
 
 def carrying(marker: str) -> list[int]:

@@ -46,3 +46,20 @@ def run_pytest(cwd: Path, *args: str, timeout: float = 600, env: dict | None = N
         timeout=timeout,
         check=False,
     )
+
+
+def hostile_pickle_job(name: str, marker: str, *, steps: int, container=None) -> JobSpec:
+    """fixtures/hostile_pickle.py gated through the log adapter: its checkpoint, when unpickled,
+    appends the loading process's pid to ``marker``."""
+    from spotchaos.logadapter import LogSpec
+
+    log = LogSpec(
+        pattern=r"step (?P<step>\d+) loss (?P<loss>[0-9.]+)",
+        checkpoints="ckpt.pt",
+        final_weights="ckpt.pt",
+        final_key="model",
+        checkpoint_step_key="step",
+    )
+    script = "fixtures/hostile_pickle.py" if container is not None else str(FIXTURES / "hostile_pickle.py")
+    command = ("python", script, "--out", "{checkpoint_dir}", "--marker", marker, "--steps", str(steps))
+    return JobSpec(name=name, command=command, resume_args=("--resume",), log=log, container=container)

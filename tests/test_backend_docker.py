@@ -23,11 +23,12 @@ from spotchaos.backends.docker import LABEL_OWNER, LABEL_SESSION, DockerSession,
 from spotchaos.config import JobSpec
 from spotchaos.container import ContainerSpec, Mount
 from spotchaos.errors import BackendError, JobError
+from spotchaos.faults.checkpoint import UnsafeCheckpoint
 from spotchaos.plan import Plan
 from spotchaos.runner import ChaosRunner
 from spotchaos.testimage import IMAGE, SHELL_IMAGE, build
 
-from .helpers import ROOT, run_pytest
+from .helpers import ROOT, hostile_pickle_job, run_pytest
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,12 @@ def docker_session():
 
 def _leftovers(session: DockerSession) -> list[str]:
     return [c.name for c in session.ours()]
+
+
+def _ours_left(session: DockerSession) -> list[str]:
+    """Containers this pytest process started that are still there (another xdist worker's
+    containers, running a test of its own at the same time, are not this test's to judge)."""
+    return [c.name for c in session.ours() if c.labels.get(LABEL_OWNER, "").endswith(f":{os.getpid()}")]
 
 
 def container_job(name: str = "dock", *args: str, image: str = IMAGE, grace: float = 10, **container) -> JobSpec:
@@ -287,3 +294,39 @@ def test_container_options_reach_the_container(docker_session, tmp_path):
     assert seen["shm"] == 256 * 2**20 and seen["cwd"] == "/tmp" and seen["ifaces"] == ["lo"]
     assert seen["mem"] == str(2**30)
     assert _leftovers(docker_session) == []
+
+
+def test_a_container_cannot_make_the_harness_damage_a_host_file_it_cannot_see(docker_session, tmp_path):
+    """Inside its container the job links its checkpoint file to a host path it cannot see (the
+    link dangles there); the harness, which damages checkpoints on the host, must not follow it."""
+    victim = tmp_path / "host-only" / "model.pt"  # not mounted in the container
+    victim.parent.mkdir()
+    victim.write_bytes(b"precious host data\n" * 64)
+    before = victim.read_bytes()
+    command = ("python", "fixtures/hostile_links.py", "--victim", str(victim), "--link", "model")
+    job = JobSpec(name="hostile-box", command=command, grace_seconds=5, container=ContainerSpec(image=IMAGE))
+    runner = ChaosRunner(ROOT, workdir=tmp_path / "runs")
+    try:
+        with pytest.raises(UnsafeCheckpoint, match=r"model.pt, a symbolic link .* refuses this checkpoint"):
+            runner.check(job, Plan.parse("sigkill@3:truncate-zero"))
+    finally:
+        runner.close()
+    assert victim.read_bytes() == before
+    assert _ours_left(docker_session) == []
+
+
+def test_a_pickle_that_needs_a_full_unpickle_is_read_inside_the_jobs_container(docker_session, tmp_path):
+    """The script's checkpoint runs code when unpickled (it appends the loading process's pid to a
+    marker in the run's own directory): the harness reads it in a container of the job's image,
+    so every pid there is a container's (never pytest's), and the marker is reachable only there."""
+    job = hostile_pickle_job("pickle-box", "{checkpoint_dir}/marker", steps=5, container=ContainerSpec(image=IMAGE))
+    runner = ChaosRunner(ROOT, workdir=tmp_path / "runs", keep_passing=True)
+    try:
+        runner.check(job, Plan.parse("sigkill@1"))
+    finally:
+        runner.close()
+    markers = list((tmp_path / "runs").rglob("marker"))
+    loaders = [pid for marker in markers for pid in marker.read_text().split()]
+    assert len(loaders) >= 2, "the checkpoint was never read in full: the test proves nothing"
+    assert str(os.getpid()) not in loaders
+    assert _ours_left(docker_session) == []

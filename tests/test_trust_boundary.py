@@ -1,0 +1,487 @@
+"""The job under test is untrusted code: the harness never follows its links, never unpickles
+its files in the pytest process, never reports its own crash (or a fault that never fired) as a
+pass, never blocks on its events file, never leaves its processes running, and never lets a
+secret reach an artifact. Each test here plays a hostile or careless job for real."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spotchaos.config import JobSpec
+from spotchaos.engine import EngineOptions, run_job
+from spotchaos.errors import ConfigError, JobError
+from spotchaos.faults.checkpoint import UnsafeCheckpoint
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure
+
+from .helpers import FIXTURES, ROOT, hostile_pickle_job, is_alive, run_pytest
+
+VICTIM_TEXT = '{"files": {"model.pt": {"crc32c": "0123abcd"}}}\n' + "precious user data\n" * 64
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- 1. checkpoint faults never follow a link out of the run -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("link", "hard", "fault", "says"),
+    [
+        ("model", False, "truncate-zero", "symbolic link"),
+        ("model", False, "flip-bit-data", "symbolic link"),
+        ("model", False, "swap-older", "symbolic link"),
+        ("model", True, "truncate-half", "hard-linked"),
+        ("manifest", False, "corrupt-manifest", "symbolic link"),
+        ("latest", False, "stale-latest", "symbolic link"),
+        ("latest", False, "torn-latest", "symbolic link"),
+        ("folder", False, "flip-bit-data", "symbolic link"),
+    ],
+)
+def test_a_checkpoint_holding_a_link_is_refused_and_the_victim_is_untouched(runner, tmp_path, link, hard, fault, says):
+    victim = tmp_path / "outside" / "model.pt"
+    victim.parent.mkdir()
+    victim.write_text(VICTIM_TEXT)
+    before = digest(victim)
+    command = ["python", str(FIXTURES / "hostile_links.py"), "--victim", str(victim), "--link", link]
+    job = JobSpec(name=f"links-{link}", command=(*command, *(["--hard"] if hard else [])), grace_seconds=5)
+    with pytest.raises(UnsafeCheckpoint, match=rf"checkpoint .* holds .*{says}.* refuses this checkpoint"):
+        runner.check(job, Plan.parse(f"sigkill@3:{fault}"))
+    assert digest(victim) == before, "the harness changed a file outside the run"
+
+
+# --- 2. nothing the job wrote is unpickled in the pytest process ---------------------------------
+
+
+def test_a_checkpoint_that_runs_code_when_unpickled_never_runs_it_in_pytest(runner, tmp_path):
+    """The script's checkpoint holds an object whose unpickling appends the loading process's pid
+    to a marker file. The harness reads the step and the final weights from it, but the pickle's
+    code may only run in the job's own processes (the script itself, or the confined loader)."""
+    marker = tmp_path / "marker"
+    job = hostile_pickle_job("pickle-bomb", str(marker), steps=6)
+    verdict = runner.check(job, Plan.parse("sigkill@3"))
+    assert verdict.passed and verdict.damage == []
+    loaders = marker.read_text().split()
+    assert loaders, "the checkpoint was never read in full: the test proves nothing"
+    assert str(os.getpid()) not in loaders, "the job's pickle ran code inside the pytest process"
+
+
+# --- 3 and 9. a crash of the harness, or of the test, is never a pass ---------------------------
+
+CRASHING_PROJECT = {
+    "pyproject.toml": """
+        [tool.spotchaos.jobs.bad-fp]
+        command = ["python", "bad_fp.py"]
+        parametrize = false
+        [tool.spotchaos.jobs.fine]
+        command = ["python", "fine.py"]
+        parametrize = false
+    """,
+    "bad_fp.py": """
+        import sys
+        from spotchaos.probe import Probe
+        probe = Probe.from_env()
+        probe.start()
+        sys.stderr.write("\\x1b[2J\\x1b[32mALL GREEN [click](http://evil.example)\\n")
+        sys.stderr.flush()
+        probe.emit("step", step=0, loss=(1.0).hex(), fp=["a", "b"])
+    """,
+    "fine.py": """
+        import time
+        from spotchaos.probe import Probe
+        probe = Probe.from_env()
+        probe.start()
+        for step in range(6):
+            probe.step(step, 1.0 / (step + 1))
+            time.sleep(0.05)
+        probe.final({}, step=5)
+    """,
+    "test_crash.py": """
+        import pytest
+
+        @pytest.mark.spotchaos(jobs=["bad-fp"])
+        def test_malformed_event(spotchaos, spotchaos_job):
+            spotchaos.check(spotchaos_job, "sigkill@2")
+
+        @pytest.mark.spotchaos(jobs=["fine"])
+        def test_fails_after_the_verdict(spotchaos, spotchaos_job):
+            spotchaos.check(spotchaos_job, "sigkill@2")
+            raise ValueError("boom after the verdict")
+    """,
+}
+
+
+def write_project(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).write_text(textwrap.dedent(text).lstrip())
+    return root
+
+
+def test_a_crash_while_running_or_judging_is_an_error_everywhere_never_a_pass(tmp_path):
+    project = write_project(tmp_path, CRASHING_PROJECT)
+    result = run_pytest(project, "--spotchaos", "-p", "no:randomly", "test_crash.py")
+    assert result.returncode == 1, result.stdout[-3000:]
+    report = json.loads((project / "spotchaos-report" / "report.json").read_text())
+    by_test = {s["scenario"].split("::")[1].split("[")[0]: s for s in report["scenarios"]}
+    malformed, after = by_test["test_malformed_event"], by_test["test_fails_after_the_verdict"]
+    assert not malformed["passed"] and "field 'fp' must map names to strings or numbers" in malformed["error"]
+    assert not after["passed"] and "ValueError: boom after the verdict" in after["error"]
+    assert report["decision"]["decision"] == "change" and report["summary"]["passed"] == 0
+    markdown = (project / "spotchaos-report" / "report.md").read_text()
+    assert markdown.count("❌ error") == 2 and "✅" not in markdown
+    assert "[click](" not in markdown and "\x1b" not in markdown  # the job's markup and escapes are inert
+    summary = result.stdout.split("spotchaos ==")[-1]
+    assert "bit-exact" not in summary and summary.count("ERROR") == 2, summary
+    assert "\x1b[2J" not in result.stdout and "\\x1b[2J" in result.stdout  # shown, never sent to the terminal
+
+
+# --- 4. the events file: a regular file, read without blocking, bounded --------------------------
+
+
+def run_guarded(job: JobSpec, workdir: Path, seconds: float = 60):
+    """run_job in a thread, so a harness that blocks fails this test instead of hanging the suite."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["record"] = run_job(job, Plan(), workdir, EngineOptions(root=ROOT))
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"the harness was still blocked after {seconds} s"
+    return outcome
+
+
+@pytest.mark.parametrize(
+    ("trick", "says"),
+    [
+        ("os.mkfifo(path)", r"events.jsonl is a FIFO"),
+        ("os.symlink('/dev/zero', path)", r"events.jsonl is a symbolic link \(events.jsonl -> /dev/zero\)"),
+        ("open(path, 'wb').write(b'x' * (3 << 20))", r"longer than 1048576 bytes"),
+    ],
+    ids=["fifo", "dev-zero", "endless-line"],
+)
+def test_events_file_tricks_end_in_one_clear_error(script, tmp_path, trick, says):
+    command = script(
+        f"""
+        import os, time
+        path = os.environ["SPOTCHAOS_EVENTS"]
+        {trick}
+        time.sleep(60)
+        """
+    )
+    outcome = run_guarded(JobSpec(name="tricky", command=command, start_timeout=30), tmp_path / "run")
+    assert isinstance(outcome.get("error"), JobError), outcome
+    assert __import__("re").search(says, str(outcome["error"])), outcome["error"]
+
+
+# --- 5. a fault that never fired fails; an empty plan is an error --------------------------------
+
+NINE_STEPS = """
+    import time
+    from spotchaos.probe import Probe
+    probe = Probe.from_env()
+    probe.start()
+    for step in range(9):
+        probe.step(step, 1.0)
+        time.sleep(0.02)
+    probe.final({}, step=8)
+"""
+
+
+def test_a_planned_fault_that_never_fired_fails_naming_it(runner, script):
+    job = JobSpec(name="nine-steps", command=script(NINE_STEPS))
+    with pytest.raises(ChaosFailure, match=r"sigterm@99999 never fired: attempt 0 ended after step 8"):
+        runner.check(job, Plan.parse("sigterm@99999"))
+    with pytest.raises(ConfigError, match="an empty plan preempts nothing"):
+        runner.check(job, Plan())
+
+
+# superscript two, fullwidth five, Arabic-Indic three: str.isdigit() says yes to each
+@pytest.mark.parametrize("text", ["sigterm@\u00b2", "sigkill@\uff15", "sigkill@\u0663"])
+def test_a_plan_with_non_ascii_digits_is_one_clear_error(text):
+    with pytest.raises(ConfigError, match="must look like FAULT@STEP"):
+        Plan.parse(text)
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "../escape", "-x", "a b", ""])
+def test_job_names_are_limited_to_a_safe_character_set(name):
+    with pytest.raises(ConfigError, match="use letters, digits"):
+        JobSpec(name=name, command=("python", "x.py"))
+
+
+# --- 6. nothing left running: signals to pytest, a SIGKILL of pytest, escaped processes ---------
+
+SLOW_PROJECT = {
+    "pyproject.toml": """
+        [tool.spotchaos.jobs.slow]
+        command = ["python", "slow.py"]
+    """,
+    "slow.py": """
+        import os, subprocess, sys, time
+        from spotchaos.probe import Probe
+        here = os.path.dirname(os.path.abspath(__file__))
+        # a daemon that leaves the job's process group, as a careless launcher does
+        daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+        with open(os.path.join(here, "pids"), "w") as f:
+            f.write(f"{os.getpid()} {daemon.pid}")
+        probe = Probe.from_env()
+        probe.start()
+        for step in range(600):
+            probe.step(step, 1.0)
+            time.sleep(0.2)
+        probe.final({}, step=599)
+    """,
+    "test_slow.py": """
+        def test_slow(spotchaos, spotchaos_job):
+            spotchaos.check(spotchaos_job, "sigkill@500")
+    """,
+}
+
+
+def start_pytest(project: Path, live: Path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
+    env["SPOTCHAOS_LIVE_DIR"] = str(live)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--spotchaos", *args, "test_slow.py"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for_pids(path: Path, process: subprocess.Popen) -> list[int]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        if path.is_file() and len(path.read_text().split()) == 2:
+            time.sleep(0.5)  # the job is past its start
+            return [int(p) for p in path.read_text().split()]
+        time.sleep(0.1)
+    raise AssertionError(
+        f"the job never started: {process.communicate()[0][-3000:] if process.poll() is not None else ''}"
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_stopping_pytest_ends_every_job_and_writes_a_report_marked_interrupted(tmp_path, signum):
+    project = write_project(tmp_path, SLOW_PROJECT)
+    pytest_process = start_pytest(project, tmp_path / "live")
+    job, daemon = wait_for_pids(project / "pids", pytest_process)
+    pytest_process.send_signal(signum)
+    output = pytest_process.communicate(timeout=90)[0]
+    assert not is_alive(job) and not is_alive(daemon), f"a process of the job survived pytest's {signum.name}"
+    report = json.loads((project / "spotchaos-report" / "report.json").read_text())
+    assert report["interrupted"] == signum.name, output[-3000:]
+    (scenario,) = report["scenarios"]
+    assert scenario["outcome"] == "interrupted" and not scenario["passed"]
+    assert report["decision"]["decision"] == "unknown"
+    assert f"INTERRUPTED by {signum.name}" in output
+    assert f"Interrupted by {signum.name}" in (project / "spotchaos-report" / "report.html").read_text()
+    assert f"**Interrupted by {signum.name}**" in (project / "spotchaos-report" / "report.md").read_text()
+
+
+def test_stopping_an_xdist_controller_ends_the_jobs_its_workers_run(tmp_path):
+    """CI cancels the job: SIGTERM reaches the controller only; execnet would SIGKILL a busy worker
+    and orphan its trainer, so the controller passes the signal on and the worker ends its jobs."""
+    project = write_project(tmp_path, SLOW_PROJECT)
+    pytest_process = start_pytest(project, tmp_path / "live", "-n", "1")
+    job, daemon = wait_for_pids(project / "pids", pytest_process)
+    pytest_process.send_signal(signal.SIGTERM)
+    output = pytest_process.communicate(timeout=90)[0]
+    time.sleep(0.5)
+    assert not is_alive(job) and not is_alive(daemon), f"the worker's job survived: {output[-2000:]}"
+    report = json.loads((project / "spotchaos-report" / "report.json").read_text())
+    assert report["interrupted"] == "SIGTERM"
+
+
+def test_after_a_sigkill_of_pytest_the_next_session_ends_what_it_left(tmp_path):
+    project = write_project(tmp_path, SLOW_PROJECT)
+    live = tmp_path / "live"
+    pytest_process = start_pytest(project, live)
+    job, daemon = wait_for_pids(project / "pids", pytest_process)
+    pytest_process.kill()
+    pytest_process.communicate(timeout=30)
+    try:
+        assert is_alive(job) and is_alive(daemon), "nothing was left to end: the test proves nothing"
+        env = {**os.environ, "SPOTCHAOS_LIVE_DIR": str(live)}
+        result = run_pytest(project, "--spotchaos", "test_slow.py", "--collect-only", env=env)
+        assert "pytest runs which died had left running" in result.stdout, result.stdout[-3000:]
+        assert f"job process group {job}" in result.stdout
+        deadline = time.monotonic() + 10
+        while (is_alive(job) or is_alive(daemon)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not is_alive(job) and not is_alive(daemon), "a process the dead session left is still running"
+    finally:
+        for pid in (job, daemon):
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_process_that_escapes_the_group_is_ended_with_a_warning_and_temp_files_go_with_the_run(script, tmp_path):
+    command = script(
+        """
+        import os, subprocess, sys, tempfile, time
+        from spotchaos.probe import Probe
+        daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+        scratch = tempfile.mkdtemp(prefix="pymp-")  # what a DataLoader worker's multiprocessing leaves
+        with open(os.path.join(os.path.dirname(__file__), "pids"), "w") as f:
+            f.write(f"{daemon.pid} {scratch}")
+        probe = Probe.from_env()
+        probe.start()
+        probe.step(0, 1.0)
+        probe.final({}, step=0)
+        """
+    )
+    record = run_job(JobSpec(name="escapes", command=command), Plan(), tmp_path / "run", EngineOptions(root=ROOT))
+    daemon, scratch = (tmp_path / "pids").read_text().split()
+    time.sleep(0.2)
+    assert not is_alive(int(daemon)), "the escaped daemon is still running"
+    (escaped,) = record.attempts[0].escaped
+    assert escaped.startswith(f"pid {daemon} (")
+    assert Path(scratch).name.startswith("pymp-") and Path(scratch).parent.name.startswith("spotchaos-tmp-")
+    assert not Path(scratch).exists() and not Path(scratch).parent.exists()  # gone with the attempt
+
+
+# --- 7. secrets: every window, every encoding, the jobs' own env secrets, kept run logs ----------
+
+SECRET = "sk-live-7fQ2mZ9xLp4RtW8vN3bK"
+
+LEAKY_PROJECT = {
+    "pyproject.toml": f"""
+        [tool.spotchaos.jobs.leaky]
+        command = ["python", "leaky.py"]
+        env = {{ HF_TOKEN = "{SECRET}" }}
+    """,
+    "leaky.py": """
+        import os, sys, time
+        from spotchaos.probe import Probe
+        token = os.environ["HF_TOKEN"]
+        print("retrying with token tail", token[len(token) // 2 :], file=sys.stderr, flush=True)
+        probe = Probe.from_env()
+        probe.start()
+        for step in range(4):
+            probe.step(step, 1.0)
+            time.sleep(0.05)
+        probe.final({}, step=3)
+    """,
+    "test_leaky.py": f"""
+        import base64
+
+        def test_leaky(spotchaos, spotchaos_job, record_property):
+            spotchaos.check(spotchaos_job, "sigkill@1")
+            record_property("auth", base64.b64encode(b"user:{SECRET}").decode())
+    """,
+}
+
+
+def test_a_jobs_own_env_secret_is_redacted_in_kept_logs_and_its_encoding_fails_the_session(tmp_path):
+    project = write_project(tmp_path, LEAKY_PROJECT)
+    result = run_pytest(project, "--spotchaos", "--spotchaos-keep-runs", "--junitxml=junit.xml", "test_leaky.py")
+    assert "1 passed" in result.stdout, result.stdout[-3000:]
+    assert result.returncode == 1, "the base64 of the job's secret in the JUnit XML must fail the session"
+    leaks = result.stdout.split("appears in:")[1].splitlines()[0]
+    assert "junit.xml" in leaks and "stderr.log" not in leaks and "report" not in leaks
+    logs = list((project / "spotchaos-report" / "runs").rglob("stderr.log"))
+    assert logs and all(SECRET[len(SECRET) // 2 :] not in log.read_text() for log in logs)
+    assert any("[REDACTED]" in log.read_text() for log in logs)
+
+
+@pytest.mark.parametrize(
+    "leak",
+    [
+        SECRET,
+        SECRET[len(SECRET) // 2 :],  # its second half, on its own line
+        SECRET[5:13],  # any 8 characters
+        base64.b64encode(f"user:{SECRET}".encode()).decode(),  # HTTP basic auth
+        base64.urlsafe_b64encode(SECRET.encode()).decode(),
+        SECRET.encode().hex(),
+        SECRET.encode().hex().upper(),
+        "https://hub.example/?token=" + SECRET.replace("-", "%2D"),
+    ],
+    ids=["whole", "second-half", "window", "basic-auth", "urlsafe-b64", "hex", "HEX", "url-encoded"],
+)
+def test_every_window_and_encoding_of_a_secret_is_redacted_and_found(leak):
+    from spotchaos.redact import REDACTED, find_leaks, redact
+
+    text = f"job said: {leak} (done)"
+    clean = redact(text, [SECRET])
+    assert REDACTED in clean and clean.startswith("job said: ") and clean.endswith(" (done)")
+    assert find_leaks({"stderr.log": text, "clean.log": clean}, SECRET) == ["stderr.log"]
+
+
+# --- 8. the fault proxy never forwards moto's admin API ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/moto-api/reset", "//moto-api/reset", "/%6Doto-api/reset", "/./x/../moto-api/reset", "/MOTO-API/reset"],
+)
+def test_the_job_cannot_reach_motos_admin_api(spotchaos_s3, target):
+    import http.client
+    from urllib.parse import urlsplit
+
+    spotchaos_s3.client().create_bucket(Bucket="precious")
+    for endpoint in (spotchaos_s3.proxy.endpoint, spotchaos_s3.moto.endpoint):  # through the proxy, and straight
+        parts = urlsplit(endpoint)
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+        connection.request("POST", target, body=b"")
+        status = connection.getresponse().status
+        connection.close()
+        assert status == 403, f"{endpoint}{target} answered {status}"
+    names = [b["Name"] for b in spotchaos_s3.client().list_buckets()["Buckets"]]
+    assert "precious" in names, "moto was reset by a request the job could make"
+
+
+# --- 9. small cases: strict JSON, an unwritable output, a report file's content never echoed ----
+
+
+def test_a_nan_loss_is_written_as_strict_json(tmp_path):
+    from spotchaos.report import number, write_json
+
+    path = write_json({"loss": float("nan"), "limits": [float("inf"), -float("inf"), 1.5]}, tmp_path / "r.json")
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"bare {constant} is not JSON")
+
+    document = json.loads(path.read_text(), parse_constant=refuse)
+    assert document == {"limits": ["Infinity", "-Infinity", 1.5], "loss": "NaN"}
+    assert [number(v) for v in document["limits"]] == [float("inf"), -float("inf"), 1.5]
+
+
+def test_an_unwritable_report_directory_is_one_clear_usage_error(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.spotchaos.jobs.a]\ncommand = ["python", "x.py"]\n')
+    (tmp_path / "taken").write_text("a file where the report directory should go")
+    result = run_pytest(tmp_path, "--spotchaos", "--spotchaos-output=taken/report")
+    assert result.returncode == 4 and "Traceback" not in result.stdout + result.stderr
+    assert "spotchaos: cannot write the report to" in result.stderr and "taken/report" in result.stderr
+
+
+def test_spotchaos_report_never_echoes_the_content_of_the_file_it_was_given(tmp_path):
+    private = tmp_path / "id_rsa"
+    private.write_text("-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "spotchaos.cli", "report", str(private), "--format", "md"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2 and "not a valid JSON report" in result.stderr
+    assert "MIIEvQ" not in result.stderr + result.stdout and "BEGIN" not in result.stderr + result.stdout
