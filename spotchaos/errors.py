@@ -1,7 +1,11 @@
 """One exception hierarchy, so callers can catch spotchaos's own problems apart from bugs.
 
 Every message says what went wrong and what to do about it; the pytest plugin shows it as the
-scenario's single failure line.
+scenario's single failure line. Two families: a :class:`ScenarioFailure` is a verdict (the job
+did not resume bit-exact, broke a budget, lost a checkpoint under a storage fault); any other
+:class:`SpotchaosError` means the scenario could not be judged (a bad option, a job that never
+started, a daemon that does not answer). Both derive from :class:`SpotchaosError`, so a caller
+catches one type.
 """
 
 from __future__ import annotations
@@ -26,3 +30,8 @@ class BackendError(SpotchaosError):
 
 class ReportError(SpotchaosError):
     """A saved report cannot be read: missing, truncated, not ours, or from a newer schema."""
+
+
+class ScenarioFailure(SpotchaosError, AssertionError):
+    """A verdict: the job broke what the scenario checks. An ``AssertionError`` too, so pytest
+    reports it as a failed test, not as an error in the test's set-up."""

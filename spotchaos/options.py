@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from .config import Settings
 from .errors import ConfigError
 from .plan import Plan
-
-PROFILES: dict[str, int] = {"quick": 2, "standard": 4, "thorough": 12}
-"""Hypothesis examples (plans) per scenario and job for each profile."""
+from .profiles import PROFILES
 
 
 @dataclass(frozen=True)

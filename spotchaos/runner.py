@@ -29,7 +29,7 @@ from .backends.docker import DockerBackend, DockerSession
 from .config import JobSpec
 from .cost import estimate
 from .engine import FS_EVENTS, EngineOptions, read_fs_events, run_job
-from .errors import ConfigError, JobError, SpotchaosError
+from .errors import ConfigError, JobError, ScenarioFailure, SpotchaosError
 from .overhead import checkpoint_blocking, measure_overhead, notice_flushes
 from .plan import Plan, Preemption
 from .presets import MTBF_PRESETS
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
 
 
-class ChaosFailure(AssertionError):
+class ChaosFailure(ScenarioFailure):
     """A plan under which the job did not resume bit-exact (or broke another verdict)."""
 
     def __init__(self, job: str, plan: Plan, verdict: Verdict, workdir: str) -> None:
@@ -60,11 +60,11 @@ class DamageNotApplied(SpotchaosError):
     """A plan's checkpoint fault found nothing to damage (no durable checkpoint yet, say)."""
 
 
-class BudgetFailure(AssertionError):
+class BudgetFailure(ScenarioFailure):
     """A time budget (checkpoint overhead, notice flush) was exceeded, or could not be measured."""
 
 
-class StorageFailure(AssertionError):
+class StorageFailure(ScenarioFailure):
     """Under a storage fault the job lost a checkpoint, blocked too long, failed unclearly or leaked
     its secret."""
 
@@ -113,7 +113,15 @@ class ExploreSettings:
 
 
 class ChaosRunner:
-    def __init__(self, root: Path, *, workdir: Path | None = None, keep_passing: bool = False) -> None:
+    """The scenarios of one session, outside pytest as inside it (the plugin's fixture wraps one).
+
+    ``with Session(".") as session: session.check(job, "sigterm@5")`` — the context manager owns
+    every resource the session starts (containers, the S3 server and its proxy) and removes the
+    working directories of passing runs when it closes.
+    """
+
+    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False) -> None:
+        root = Path(root)
         self.root = root
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -228,8 +236,10 @@ class ChaosRunner:
             shutil.rmtree(workdir, ignore_errors=True)
         return record, verdict
 
-    def check(self, job: JobSpec, plan: Plan, record: ScenarioRecord | None = None) -> Verdict:
-        """Run one plan; raise :class:`ChaosFailure` unless every verdict holds."""
+    def check(self, job: JobSpec, plan: Plan | str, record: ScenarioRecord | None = None) -> Verdict:
+        """Run one plan (a :class:`Plan` or ``"sigterm@5,sigkill@12"``); raise :class:`ChaosFailure`
+        unless every verdict holds."""
+        plan = Plan.parse(plan) if isinstance(plan, str) else plan
         if not plan.preemptions:
             raise ConfigError(f"job {job.name!r}: an empty plan preempts nothing; give at least one FAULT@STEP")
         run, verdict = self.run(job, plan)
@@ -277,6 +287,8 @@ class ChaosRunner:
                 self.check(job, plan, record)
             except DamageNotApplied:
                 reject()  # nothing to damage at that step: not a verdict, try another plan
+            except ScenarioFailure:
+                raise  # a verdict: hypothesis shrinks it to the smallest failing plan
             except SpotchaosError as exc:
                 aborted.append(exc)
 
@@ -647,6 +659,12 @@ class ChaosRunner:
             shutil.rmtree(workdir, ignore_errors=True)
         return figures
 
+    def __enter__(self) -> ChaosRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Remove what passed; keep the session's directory only if a failure left something in it."""
         self._resources.close()  # containers, the S3 proxy and server
@@ -728,3 +746,6 @@ def _note(record: ScenarioRecord, plan: Plan, run: RunRecord, verdict: Verdict, 
         record.verdict = verdict.to_dict()
     elif record.passed:
         record.verdict = verdict.to_dict()
+
+
+Session = ChaosRunner  # the public name: from spotchaos import Session

@@ -1,0 +1,402 @@
+"""The pytest side of a ``--spotchaos`` session: what is loaded only when it is on.
+
+``spotchaos.plugin`` stays import-light, the way pytest-xdist imports its ``DSession`` only
+under ``-n``: a plain ``pytest`` run never imports this module, hypothesis, the engine or the
+backends. :func:`start` resolves the options, builds the runner and registers the collector,
+whose hooks parametrize the scenarios over the jobs, turn each test's records into the report,
+print the header and the summary, and end the session's jobs and containers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .config import JobSpec, Settings, load_settings
+from .errors import ConfigError, SpotchaosError
+from .extras import MissingExtra
+from .history import HISTORY_DIR, save_run
+from .leftovers import LiveJobs
+from .options import RunOptions, resolve
+from .plugin import STATE
+from .processes import children
+from .redact import SecretMatcher, find_leaks, redact, secret_values
+from .report import build_report, now_iso, write_json, write_text
+from .report_md import render_markdown
+from .runner import ChaosRunner, ScenarioRecord
+from .safefs import captured_logs, read_text_bounded, rewrite_logs
+from .sanitize import visible
+from .summary import figure_lines
+
+SCAN_BYTES = 256 << 20  # the most of one artifact the end-of-session secret scan reads
+CACHE_SEED = "spotchaos/seed"
+
+
+@dataclass
+class _State:
+    settings: Settings
+    options: RunOptions
+    runner: ChaosRunner
+    started: str
+    scenarios: list[dict[str, Any]] = field(default_factory=list)
+    worker_secrets: list[str] = field(default_factory=list)  # S3 secrets pytest-xdist workers handed out
+    in_flight: dict[str, list[ScenarioRecord]] = field(default_factory=dict)  # a test's records until reported
+    interrupted: str | None = None  # the signal that stopped the session (SIGTERM, SIGHUP, SIGINT)
+    reaped: list[str] = field(default_factory=list)  # what dead pytest runs had left running, ended at start
+    old_handlers: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def secrets(self) -> list[str]:
+        """Values no output may show: the jobs' secret-named variables, the session's own, and every
+        S3 secret the harness made for a run (here and in xdist workers)."""
+        jobs = [s for job in _selected(self) for s in job.secrets()]
+        return jobs + secret_values(os.environ) + self.runner.secrets + self.worker_secrets
+
+
+RECORDS = pytest.StashKey[list[ScenarioRecord]]()
+
+
+def _pyproject(config: pytest.Config) -> Path:
+    inipath = config.inipath
+    if inipath is not None and inipath.name == "pyproject.toml":
+        return inipath
+    return config.rootpath / "pyproject.toml"
+
+
+def _declared_jobs(config: pytest.Config) -> Settings:
+    settings = load_settings(_pyproject(config))
+    extra = [job for batch in config.hook.pytest_spotchaos_jobs(config=config) for job in batch or ()]
+    names = [job.name for job in (*settings.jobs, *extra)]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"job {duplicates[0]!r} is declared twice (pyproject.toml and pytest_spotchaos_jobs?)")
+    return Settings(output=settings.output, jobs=(*settings.jobs, *extra))
+
+
+def start(config: pytest.Config) -> None:
+    """Everything ``--spotchaos`` turns on: options, runner, the collector, stop signals."""
+    cache = getattr(config, "cache", None)  # absent with -p no:cacheprovider
+    try:
+        settings = _declared_jobs(config)
+        options = resolve(
+            seed=config.getoption("spotchaos_seed"),
+            last_seed=cache.get(CACHE_SEED, None) if cache is not None else None,
+            profile=config.getoption("spotchaos_profile"),
+            examples=config.getoption("spotchaos_examples"),
+            output=config.getoption("spotchaos_output"),
+            plan=config.getoption("spotchaos_plan"),
+            jobs=config.getoption("spotchaos_job"),
+            keep_runs=config.getoption("spotchaos_keep_runs"),
+            image=config.getoption("spotchaos_image"),
+            require_docker=config.getoption("spotchaos_require_docker"),
+            require_gpu=config.getoption("spotchaos_require_gpu"),
+            environ=os.environ,
+            settings=settings,
+        )
+    except ConfigError as exc:
+        raise pytest.UsageError(f"spotchaos: {exc}") from None
+    worker_seed = getattr(config, "workerinput", {}).get("spotchaos_seed")
+    if worker_seed is not None:  # an xdist worker searches with the controller's seed
+        options = replace(options, seed=worker_seed)
+    elif cache is not None:
+        cache.set(CACHE_SEED, options.seed)
+    # Runs live beside the report, so a failure's logs and checkpoints are easy to find.
+    stamp = f"{now_iso().replace(':', '')}-{os.getpid()}"
+    runs = config.rootpath / options.output / "runs" / stamp
+    try:
+        _check_writable(config.rootpath / options.output)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"spotchaos: cannot write the report to {config.rootpath / options.output} "
+            f"(--spotchaos-output or [tool.spotchaos] output): {exc.strerror or exc}"
+        ) from None
+    runner = ChaosRunner(config.rootpath, workdir=runs, keep_passing=options.keep_runs)
+    state = _State(settings, options, runner, now_iso())
+    if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running
+        state.reaped = LiveJobs().reap()
+    config.stash[STATE] = state
+    config.pluginmanager.register(_Collector(config, state), "spotchaos-collector")
+    _catch_stop_signals(state, config)
+
+
+def _check_writable(directory: Path) -> None:
+    """Fail now, not after an hour of scenarios, when the report cannot be written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".spotchaos-write-test-{os.getpid()}"
+    probe.write_bytes(b"")
+    probe.unlink()
+
+
+def _catch_stop_signals(state: _State, config: pytest.Config) -> None:
+    """SIGTERM (CI cancelling a job, ``docker stop``) and SIGHUP (a closed terminal) stop the
+    session the way Ctrl-C does: every job and container is ended on the way out and the report
+    is written, marked interrupted. Python's default for both is to die on the spot, leaving the
+    trainers running and no report. A pytest-xdist controller passes the signal on to its
+    workers, whose jobs are theirs to end: execnet would SIGKILL a worker that is still busy."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        if state.interrupted is not None:
+            return  # already stopping: let the cleanup finish
+        state.interrupted = signal.Signals(signum).name
+        if config.pluginmanager.hasplugin("dsession"):  # the xdist controller: its children are the workers
+            for worker in children(os.getpid()):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(worker, signum)
+        raise KeyboardInterrupt(f"spotchaos: pytest received {state.interrupted}: ending every job, writing the report")
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        state.old_handlers[signum] = signal.signal(signum, stop)
+
+
+def _selected(state: _State) -> list[JobSpec]:
+    o = state.options
+    jobs = [j for j in state.settings.jobs if not o.jobs or j.name in o.jobs]
+    return [j.in_image(o.image) for j in jobs] if o.image else jobs
+
+
+def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
+    parts = ["pytest", "--spotchaos", f"--spotchaos-seed={state.options.seed}"]
+    if plan:
+        parts.append(f"--spotchaos-plan='{plan}'")
+    if state.options.image:
+        parts.append(f"--spotchaos-image='{state.options.image}'")
+    parts.append(f"'{item.nodeid}'")
+    return " ".join(parts)
+
+
+def _junit_xml(config: pytest.Config):
+    """The junitxml plugin's writer when --junitxml is on (its stash key is not public API)."""
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # a future pytest moved it: lose the properties, not the session
+        return None
+    return config.stash.get(xml_key, None)
+
+
+class _Collector:
+    """Gathers scenario records and writes the report; registered only when --spotchaos is on."""
+
+    def __init__(self, config: pytest.Config, state: _State) -> None:
+        self.config = config
+        self.state = state
+        self.path: Path | None = None
+        self.saved: Path | None = None
+        self.leaks: list[str] = []
+        self.html_missing = ""  # why report.html was not written (an extra not installed)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        """pytest-xdist: every worker searches with this session's seed, so one seed replays all."""
+        node.workerinput["spotchaos_seed"] = self.state.options.seed
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        """Each test's records ride on its report (so they survive pytest-xdist), redacted; a
+        spotchaos failure shows as its one message, made inert for the terminal."""
+        report = yield
+        state = self.state
+        if call.when != "call" or RECORDS not in item.stash:
+            return report
+        state.in_flight.pop(item.nodeid, None)
+        records = []
+        for record in item.stash[RECORDS]:
+            data = asdict(record)
+            data["outcome"] = report.outcome
+            if report.failed and data["passed"]:  # the test failed after (or around) the verdict: never shown as a pass
+                data["passed"] = False
+                what = f"{call.excinfo.typename}: {call.excinfo.value}" if call.excinfo is not None else "it failed"
+                data["error"] = f"the test failed after the scenario ran: {what}"
+            data["replay"] = _replay_command(item, state, record.failing_plan)
+            records.append(redact(data, state.secrets))  # a job's printed secret stops here, before xdist sends it
+        report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
+        if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError):
+            notes = getattr(call.excinfo.value, "__notes__", [])
+            replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
+            text = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
+            report.longrepr = visible(redact(text, state.secrets))  # the terminal and JUnit XML show it
+        return report
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        state = self.state
+        o = state.options
+        jobs = ", ".join(j.name for j in _selected(state)) or "none declared"
+        lines = [
+            f"spotchaos: seed {o.seed} (replay with --spotchaos-seed={o.seed}), profile {o.profile} "
+            f"({o.max_examples} plans per scenario), jobs: {jobs}, report: {o.output}/report.json"
+        ]
+        if state.reaped:
+            lines.append(f"spotchaos: ended {len(state.reaped)} thing(s) that pytest runs which died had left running:")
+            lines += [f"  {line}" for line in state.reaped]
+        return lines
+
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """Each scenario once per job it takes (``@pytest.mark.spotchaos(jobs=[...])`` names them)."""
+        if "spotchaos_job" not in metafunc.fixturenames:
+            return
+        state = self.state
+        marker = metafunc.definition.get_closest_marker("spotchaos")
+        named = marker.kwargs.get("jobs") if marker is not None else None
+        selected = _selected(state)
+        if named is not None:
+            jobs = [j for j in selected if j.name in named]
+            if not jobs and not state.options.jobs:
+                declared = ", ".join(j.name for j in state.settings.jobs) or "none"
+                where = metafunc.definition.nodeid
+                raise pytest.UsageError(f"spotchaos: {where} names jobs {named}; declared: {declared}")
+        else:
+            jobs = [j for j in selected if j.parametrize]
+        if not jobs and not state.settings.jobs:
+            raise pytest.UsageError(
+                "spotchaos: no job to test. Declare one in pyproject.toml:\n"
+                '  [tool.spotchaos.jobs.train]\n  command = ["python", "train.py"]'
+            )
+        if not jobs:  # --spotchaos-job chose jobs this test does not take
+            skip = pytest.mark.skip(reason="spotchaos: none of the selected jobs is for this test")
+            metafunc.parametrize("spotchaos_job", [pytest.param(None, marks=skip, id="no-job")])
+            return
+        metafunc.parametrize("spotchaos_job", jobs, ids=[j.name for j in jobs])
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """End the session's jobs, containers and servers; restore the signal handlers."""
+        state = self.state
+        for signum, handler in state.old_handlers.items():
+            signal.signal(signum, handler)
+        state.runner.close()
+        runs = state.runner.workdir.parent
+        if runs.is_dir() and not any(runs.iterdir()):
+            runs.rmdir()
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Seed and report path as JUnit global properties, for CI systems that read only the XML."""
+        xml = _junit_xml(self.config)
+        if xml is not None:
+            xml.add_global_property("spotchaos_seed", str(self.state.options.seed))
+            xml.add_global_property("spotchaos_report", str(self._report_path()))
+
+    def _report_path(self) -> Path:
+        return self.config.rootpath / self.state.options.output / "report.json"
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.state.scenarios.extend(getattr(report, "spotchaos_records", None) or [])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        """pytest-xdist: the S3 secrets a worker made, so the controller can redact and scan for them."""
+        self.state.worker_secrets.extend(getattr(node, "workeroutput", {}).get("spotchaos_secrets", []))
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        """After the JUnit XML is written (so it can be scanned), before the terminal summary."""
+        result = yield
+        # runs kept for inspection land in the report directory CI uploads: their logs are redacted too
+        rewrite_logs(self.state.runner.workdir, SecretMatcher(self.state.secrets).redact_text)
+        if hasattr(self.config, "workerinput"):  # an xdist worker sends its records to the controller
+            self.config.workeroutput["spotchaos_secrets"] = list(self.state.runner.secrets)
+            return result
+        if session.exitstatus == pytest.ExitCode.INTERRUPTED and self.state.interrupted is None:
+            self.state.interrupted = "SIGINT"
+        self._record_interrupted()
+        self._write_report()
+        self.leaks = self._scan_for_secrets()
+        if self.leaks:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return result
+
+    def _record_interrupted(self) -> None:
+        """The scenarios a stop signal cut short: in the report as errors, never as passes."""
+        state = self.state
+        for records in state.in_flight.values():
+            for record in records:
+                data = asdict(record)
+                data["passed"] = False
+                data["error"] = f"interrupted ({state.interrupted or 'stopped'}) while this scenario ran"
+                data["outcome"] = "interrupted"
+                state.scenarios.append(redact(data, state.secrets))
+        state.in_flight.clear()
+
+    def _scan_for_secrets(self) -> list[str]:
+        """Every file this session wrote for people to read (the report, the JUnit XML, the saved
+        run, the logs of kept runs) searched for each secret the harness handed out and each secret
+        of the jobs' own ``env`` (every 8-character window, and its encodings): redaction is
+        trusted only after it is checked."""
+        files = [self.path, self.path.with_name("report.md"), self.path.with_name("report.html")] if self.path else []
+        if self.saved is not None:
+            files.append(self.saved)
+        xml = _junit_xml(self.config)
+        if xml is not None and Path(xml.logfile).is_file():
+            files.append(Path(xml.logfile))
+        captured = {str(f): read_text_bounded(f, SCAN_BYTES) for f in files if f.is_file()}
+        runs = self.config.rootpath / self.state.options.output / "runs"
+        captured.update({str(runs / name): text for name, text in captured_logs(runs).items()})
+        state = self.state
+        secrets = [*state.runner.secrets, *state.worker_secrets, *(s for j in _selected(state) for s in j.secrets())]
+        return find_leaks(captured, secrets)
+
+    def _write_report(self) -> None:
+        state = self.state
+        jobs = _selected(state)
+        document = build_report(
+            root=self.config.rootpath,
+            seed=state.options.seed,
+            profile=state.options.profile,
+            jobs=[j.describe() for j in jobs],
+            scenarios=state.scenarios,
+            started=state.started,
+            secrets=state.secrets,
+            containers=state.runner.containers(),
+            interrupted=state.interrupted,
+            reaped=state.reaped,
+        )
+        self.config.hook.pytest_spotchaos_report(config=self.config, report=document)
+        self.path = write_json(document, self._report_path())
+        markdown = render_markdown(document)
+        write_text(markdown, self.path.with_name("report.md"))
+        try:
+            from .report_html import render_html  # matplotlib: loaded when a report is written, not at pytest start
+        except MissingExtra as exc:  # the core install: JSON and Markdown, and one line on what the page needs
+            self.html_missing = str(exc)
+        else:
+            write_text(render_html(document), self.path.with_name("report.html"))
+        if state.scenarios:  # a session that ran nothing is not worth comparing against
+            self.saved = save_run(document, self.config.rootpath / HISTORY_DIR)
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:  # GitHub Actions shows this file on the run's page
+            with open(summary, "a") as f:
+                f.write(markdown)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        tr = terminalreporter
+        tr.section("spotchaos")
+        for s in self.state.scenarios:
+            verdict = "bit-exact" if s["passed"] else ("ERROR" if s.get("error") else "FAILED")
+            detail = f"failing plan {s['failing_plan']}" if s.get("failing_plan") else ""
+            lost = sum(r["lost_steps"] for r in s["runs"])
+            tr.write_line(f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}".rstrip())
+            for line in figure_lines(s.get("figures") or {}):
+                tr.write_line(f"          {line}")
+            for escaped in sorted({p for r in s["runs"] for p in r.get("escaped_processes") or []}):
+                tr.write_line(visible(f"          warning: left the job's process group and was ended: {escaped}"))
+        if self.state.interrupted is not None:
+            tr.write_line(f"INTERRUPTED by {self.state.interrupted}: every job was ended; the report says so")
+        if self.path is not None:
+            beside = "report.md" if self.html_missing else "report.md, report.html"
+            tr.write_line(f"report: {self.path} (and {beside} beside it)")
+            if self.html_missing:
+                tr.write_line(f"report.html not written: {self.html_missing}")
+        if self.saved is not None:
+            tr.write_line(f"saved as {self.saved} (compare runs with: spotchaos compare previous latest)")
+        if self.leaks:
+            tr.write_line(
+                f"FAILED: a secret (or 8 characters of one, or its encoding) appears in: {', '.join(self.leaks)}"
+            )
+        seed = self.state.options.seed
+        tr.write_line(f"seed: {seed} (replay with --spotchaos-seed={seed})")
