@@ -1,8 +1,31 @@
 """spotchaos: preempt a real training job and fail the build unless it resumes bit-exact.
 
 Kept import-light on purpose: ``spotchaos.probe`` is imported inside training processes and
-containers, and importing it runs this file first. The harness API lives in its modules
-(``spotchaos.engine``, ``spotchaos.verdict``, ...), imported where needed.
+containers, and importing it runs this file first. The Python API (``from spotchaos import
+Session, JobSpec, Plan``) is loaded on first use, so a trainer that imports the probe never
+pays for the runner, hypothesis or the backends.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Session": "spotchaos.runner",
+    "ChaosFailure": "spotchaos.runner",
+    "JobSpec": "spotchaos.config",
+    "Plan": "spotchaos.plan",
+    "Preemption": "spotchaos.plan",
+    "SpotchaosError": "spotchaos.errors",
+    "ScenarioFailure": "spotchaos.errors",
+}
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'spotchaos' has no attribute {name!r}")

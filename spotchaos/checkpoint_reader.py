@@ -22,6 +22,7 @@ from typing import Any
 from .backends.base import Backend, LaunchSpec
 from .confined.load_checkpoint import summarize
 from .errors import JobError
+from .extras import require
 from .safefs import open_beneath, read_text_bounded
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -51,8 +52,7 @@ def read_checkpoint(
     Raises :class:`~spotchaos.safefs.UnsafeFile` for a link or a special file, ``OSError`` when
     it is missing, and whatever ``torch.load`` raises on a file that is not (yet) whole.
     """
-    import torch
-
+    torch = require("torch", "torch", "reading a log-adapter job's checkpoints")
     root = path.parent if root is None else root
     with os.fdopen(open_beneath(root, path.relative_to(root)), "rb") as f:
         try:

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import __version__
 from .compare import METRICS, FailRule, compare
 from .errors import SpotchaosError
 from .history import HISTORY_DIR, SAVED, resolve_run, saved_runs
@@ -24,21 +25,27 @@ def _render_html(document):
 
 
 RENDERERS = {"md": render_markdown, "html": _render_html}
+WORSE = [FailRule("verdict"), *(FailRule(metric, 0.0) for metric in METRICS)]  # any change for the worse
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spotchaos", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--dir", default=HISTORY_DIR, help=f"where saved runs live (default: {HISTORY_DIR}, as pytest saves them)"
-    )
+    parser.add_argument("--version", action="version", version=f"spotchaos {__version__}")
+    where = f"where saved runs live (default: {HISTORY_DIR}, as pytest saves them)"
+    parser.add_argument("--dir", default=HISTORY_DIR, help=where)
+    # --dir also after the subcommand (spotchaos compare --dir runs/ 3 latest), where people type it
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=argparse.SUPPRESS, help=where)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    report = commands.add_parser("report", help="render a report.json (or a saved run) as Markdown or HTML")
+    report = commands.add_parser(
+        "report", parents=[common], help="render a report.json (or a saved run) as Markdown or HTML"
+    )
     report.add_argument("path", help="report file, saved run number, 'latest' or 'previous'")
     report.add_argument("--format", choices=sorted(RENDERERS), default="html")
     report.add_argument("-o", "--output", help="file to write (default: stdout for md, beside PATH for html)")
 
-    compare_cmd = commands.add_parser("compare", help="what changed from run A to run B")
+    compare_cmd = commands.add_parser("compare", parents=[common], help="what changed from run A to run B")
     compare_cmd.add_argument("before", help="report file, saved run number, 'latest' or 'previous'")
     compare_cmd.add_argument("after", help="report file, saved run number, 'latest' or 'previous'")
     compare_cmd.add_argument(
@@ -50,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         f"(grew by more than PCT %%), METRIC one of {', '.join(METRICS)}; repeatable",
     )
 
-    commands.add_parser("list", help="the saved runs")
+    commands.add_parser("list", parents=[common], help="the saved runs")
     commands.add_parser(
         "test-image",
         help="build the local test images (spotchaos-test:latest, :shell-entrypoint) from this machine's Python",
@@ -76,13 +83,20 @@ def _compare(args: argparse.Namespace) -> int:
     rules = [FailRule.parse(r) for r in args.fail_on]
     directory = Path(args.dir)
     before_path, after_path = resolve_run(args.before, directory), resolve_run(args.after, directory)
-    result = compare(load_report(before_path), load_report(after_path), rules)
+    before, after = load_report(before_path), load_report(after_path)
+    result = compare(before, after, rules or WORSE)  # without rules: every change for the worse, shown, not gating
     print(f"before: {before_path}\nafter:  {after_path}")
     if not result.changes:
         print("no change")
     for change in result.changes:
-        print(f"  {change.describe()}")
-    print(f"decision: {result.decision()}" + (f" ({len(result.regressions)} regression(s))" if rules else ""))
+        print(f"  {change.describe(gating=bool(rules))}")
+    if not rules:
+        print(
+            f"{len(result.regressions)} change(s) for the worse; no --fail-on rule given, so nothing gates "
+            "(exit 0): add e.g. --fail-on verdict --fail-on overhead:20%"
+        )
+        return 0
+    print(f"decision: {result.decision()} ({len(result.regressions)} regression(s))")
     return 1 if result.regressions else 0
 
 

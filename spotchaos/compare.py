@@ -58,9 +58,12 @@ class Change:
     after: Any
     regression: str | None = None  # the rule it breaks, if any
 
-    def describe(self) -> str:
+    def describe(self, gating: bool = True) -> str:
+        """One line; a change that breaks a rule is a REGRESSION when rules gate, else "worse"."""
         text = f"{self.scenario}: {self.what} {_show(self.before)} -> {_show(self.after)}"
-        return text + (f"  REGRESSION ({self.regression})" if self.regression else "")
+        if not self.regression:
+            return text
+        return text + (f"  REGRESSION ({self.regression})" if gating else "  (worse)")
 
 
 @dataclass

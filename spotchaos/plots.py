@@ -9,13 +9,12 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)  # a script that already chose a backend keeps it
-
-import matplotlib.pyplot as plt
-
+from .extras import require
 from .report import number
+
+matplotlib = require("matplotlib", "html", "the report's plots")
+matplotlib.use("Agg", force=False)  # a script that already chose a backend keeps it
+plt = require("matplotlib.pyplot", "html", "the report's plots")
 
 REFERENCE_COLOUR = "#1f77b4"
 ATTEMPT_COLOURS = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]

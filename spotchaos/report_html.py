@@ -13,10 +13,11 @@ import json
 import re
 from typing import Any
 
-import jinja2
-
+from .extras import require
 from .plots import divergence_png, trajectory_png
 from .summary import figure_lines
+
+jinja2 = require("jinja2", "html", "report.html")
 
 ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")

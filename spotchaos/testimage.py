@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends.docker import LABEL_BIND
+from .extras import require
 
 REPOSITORY = "spotchaos-test"
 TAG = "latest"
@@ -84,9 +85,7 @@ def host_paths() -> list[str]:
 def build(client: Any | None = None) -> list[str]:
     """Build (or rebuild) both tags; returns their names. Takes about a second."""
     if client is None:
-        import docker
-
-        client = docker.from_env(timeout=120)
+        client = require("docker", "docker", "spotchaos test-image").from_env(timeout=120)
     binds = host_paths()
     rootfs = _root_filesystem(binds)
     venv_bin = str(Path(sys.prefix) / "bin")

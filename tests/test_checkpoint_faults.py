@@ -32,6 +32,7 @@ def make_checkpoints(root, count=2):
     return CheckpointSet(tuple(paths))
 
 
+@pytest.mark.unit
 def test_fault_objects_do_exactly_what_they_say(tmp_path):
     cps = make_checkpoints(tmp_path)
     model = cps.newest / "model.pt"
@@ -48,6 +49,7 @@ def test_fault_objects_do_exactly_what_they_say(tmp_path):
     assert (cps.paths[0] / "model.pt").read_bytes() == before  # the older checkpoint is untouched
 
 
+@pytest.mark.unit
 def test_damage_refuses_a_checkpoint_outside_the_runs_directory(tmp_path):
     outside = tmp_path / "users-own-checkpoints" / "ckpt-1"
     outside.mkdir(parents=True)

@@ -7,6 +7,8 @@ import pytest
 from spotchaos.compare import FailRule, compare
 from spotchaos.errors import ConfigError
 
+pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
+
 
 def scenario(name: str, passed: bool = True, overhead: float | None = 0.02, restart: float = 2.0) -> dict:
     return {

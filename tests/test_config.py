@@ -11,6 +11,8 @@ from spotchaos.errors import ConfigError
 from spotchaos.options import resolve
 from spotchaos.plan import Plan, Preemption
 
+pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
+
 
 def write(tmp_path, text):
     path = tmp_path / "pyproject.toml"

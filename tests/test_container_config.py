@@ -8,6 +8,8 @@ from spotchaos.config import JobSpec, job_from_mapping
 from spotchaos.container import ContainerSpec, Mount
 from spotchaos.errors import ConfigError
 
+pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
+
 SOURCE = "pyproject.toml"
 
 

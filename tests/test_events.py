@@ -7,6 +7,8 @@ import pytest
 from spotchaos.errors import JobError
 from spotchaos.events import EventReader, validate_event
 
+pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
+
 
 def test_reader_returns_only_completed_lines(tmp_path):
     path = tmp_path / "events.jsonl"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spotchaos.redact import REDACTED, redact, secret_values
+
+pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spotchaos.report_md import render_markdown
+
+pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 
 DOCUMENT = {
     "seed": 42,

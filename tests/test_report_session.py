@@ -277,6 +277,13 @@ def test_saved_runs_compare_and_fail_on_a_regression(session, tmp_path):
     worse = _cli(root, "compare", str(fixed), "1", "--fail-on", "verdict")
     assert worse.returncode == 1, worse.stdout + worse.stderr
     assert "verdict pass -> fail  REGRESSION (verdict)" in worse.stdout and "decision: roll back" in worse.stdout
+    # without rules: the same change shown and counted, nothing gates; --dir after the subcommand
+    shown = _cli(tmp_path, "compare", "--dir", str(root / ".spotchaos"), str(fixed), "1")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "verdict pass -> fail" in shown.stdout and "REGRESSION" not in shown.stdout
+    assert "1 change(s) for the worse; no --fail-on rule given, so nothing gates (exit 0)" in shown.stdout
+    version = _cli(root, "--version")
+    assert version.returncode == 0 and version.stdout.strip().startswith("spotchaos 0.")
 
 
 def test_report_cli_rerenders_a_saved_run(session, tmp_path):

@@ -213,6 +213,7 @@ def test_a_planned_fault_that_never_fired_fails_naming_it(runner, script):
         runner.check(job, Plan())
 
 
+@pytest.mark.unit
 # superscript two, fullwidth five, Arabic-Indic three: str.isdigit() says yes to each
 @pytest.mark.parametrize("text", ["sigterm@\u00b2", "sigkill@\uff15", "sigkill@\u0663"])
 def test_a_plan_with_non_ascii_digits_is_one_clear_error(text):
@@ -220,6 +221,7 @@ def test_a_plan_with_non_ascii_digits_is_one_clear_error(text):
         Plan.parse(text)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["a/b", "..", "../escape", "-x", "a b", ""])
 def test_job_names_are_limited_to_a_safe_character_set(name):
     with pytest.raises(ConfigError, match="use letters, digits"):
@@ -404,6 +406,7 @@ def test_a_jobs_own_env_secret_is_redacted_in_kept_logs_and_its_encoding_fails_t
     assert any("[REDACTED]" in log.read_text() for log in logs)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "leak",
     [
@@ -453,6 +456,7 @@ def test_the_job_cannot_reach_motos_admin_api(spotchaos_s3, target):
 # --- 9. small cases: strict JSON, an unwritable output, a report file's content never echoed ----
 
 
+@pytest.mark.unit
 def test_a_nan_loss_is_written_as_strict_json(tmp_path):
     from spotchaos.report import number, write_json
 

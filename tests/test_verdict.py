@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from spotchaos.trajectory import Attempt, FaultRecord, RunRecord
 from spotchaos.verdict import judge
+
+pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 
 
 def step(i, loss=None, **fp):

@@ -82,7 +82,7 @@ class DockerSession:
             try:
                 import docker
             except ImportError:
-                raise DockerUnavailable("the docker SDK is not installed: pip install docker") from None
+                raise DockerUnavailable("the docker SDK is not installed: pip install 'spotchaos[docker]'") from None
             try:
                 client = docker.from_env(timeout=60)
                 client.ping()

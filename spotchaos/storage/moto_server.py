@@ -15,7 +15,7 @@ import secrets
 import socket
 import urllib.request
 
-from ..errors import BackendError
+from ..extras import MissingExtra
 from .loopback import LOOPBACK, LoopbackServer, is_moto_admin
 
 ADMIN_HEADER = "X-Spotchaos-Admin"
@@ -54,7 +54,9 @@ class MotoS3(LoopbackServer):
             )
             from werkzeug.serving import make_server
         except ImportError as exc:
-            raise BackendError(f"moto's server is not installed ({exc}): pip install 'moto[server]'") from None
+            raise MissingExtra(
+                f"the S3 server needs moto's server, which is not installed ({exc}): pip install 'spotchaos[s3]'"
+            ) from None
 
         class QuietHandler(MotoRequestHandler):
             def log_request(self, *args, **kwargs) -> None:

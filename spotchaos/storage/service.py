@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from ..extras import require
 from .faults import Fault
 from .moto_server import MotoS3
 from .proxy import FaultProxy
@@ -70,8 +71,8 @@ class S3Service:
     def client(self, credentials: Credentials | None = None, *, direct: bool = False, **config):
         """A boto3 S3 client with these credentials and the standard retry mode; ``direct`` goes
         to moto past the fault proxy (the harness's own setup is not the job's traffic)."""
-        import boto3
-        from botocore.config import Config
+        boto3 = require("boto3", "s3", "S3 storage")
+        Config = require("botocore.config", "s3", "S3 storage").Config
 
         creds = credentials or self._admin or self.credentials
         return boto3.client(
@@ -84,7 +85,7 @@ class S3Service:
         )
 
     def _iam_client(self):
-        import boto3
+        boto3 = require("boto3", "s3", "S3 storage")
 
         creds = self._admin or self.credentials
         return boto3.client(

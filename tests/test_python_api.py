@@ -1,0 +1,43 @@
+"""The Python API beside the fixture: a session as a context manager, loaded only when used."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import FIXTURES, ROOT
+
+
+@pytest.mark.unit
+def test_importing_the_probe_loads_nothing_of_the_harness():
+    code = (
+        "import sys, spotchaos, spotchaos.probe\n"
+        "heavy = [m for m in ('hypothesis', 'spotchaos.runner', 'spotchaos.engine', 'torch') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "from spotchaos import JobSpec, Plan, Session\n"
+        "assert 'spotchaos.runner' in sys.modules and Plan.parse('sigterm@5').preemptions[0].at_step == 5\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_session_checks_a_plan_outside_pytest_and_cleans_up(tmp_path):
+    from spotchaos import ChaosFailure, JobSpec, Session
+
+    job = JobSpec(
+        name="api",
+        command=("python", str(FIXTURES / "reference_trainer.py"), "--steps", "12", "--checkpoint-every", "4"),
+    )
+    broken = JobSpec(
+        name="api-broken",
+        command=("python", str(FIXTURES / "broken_no_rng_restore.py"), "--steps", "12", "--checkpoint-every", "4"),
+    )
+    with Session(ROOT, workdir=tmp_path / "runs") as session:
+        verdict = session.check(job, "sigkill@6")
+        assert verdict.passed and verdict.first_divergence is None
+        with pytest.raises(ChaosFailure, match="loss diverged"):
+            session.check(broken, "sigkill@6")
+    kept = [p.name for p in (tmp_path / "runs").iterdir()]
+    assert kept and all("api-broken" in name for name in kept)  # only the failing run is kept, for inspection
