@@ -8,7 +8,7 @@ skip (no Docker daemon, no GPU). Everything that runs or judges lives below, in 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -16,9 +16,11 @@ import pytest
 from .backends.docker import DockerUnavailable, GpuUnavailable
 from .config import JobSpec
 from .errors import ScenarioFailure, SpotchaosError
-from .plan import Plan
+from .plan import Plan, Preemption
 from .pytest_session import RECORDS
-from .runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource, ScenarioRecord
+from .record import ScenarioRecord, note_error, note_failure, note_plans
+from .runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource
+from .trajectory import RunRecord
 
 if TYPE_CHECKING:
     from .pytest_session import _State
@@ -38,29 +40,15 @@ class Scenario:
     def runner(self) -> ChaosRunner:
         return self._state.runner
 
-    def _record(self, job: JobSpec) -> ScenarioRecord:
-        record = ScenarioRecord(scenario=self._item.nodeid, job=job.name, seed=self._state.options.seed)
-        self._item.stash[RECORDS].append(record)
-        self._state.in_flight[self._item.nodeid] = self._item.stash[RECORDS]  # reported even if interrupted
-        return record
-
     def check(self, job: JobSpec, plan: Plan | str) -> None:
         """Run one plan (``Plan`` or ``"sigterm@5,sigkill@12"``); fail unless every verdict holds."""
-        plan = Plan.parse(plan) if isinstance(plan, str) else plan
-        record = self._record(job)
-        record.plans_tried = 1
-        self._guard(record, lambda: self.runner.check(job, plan, record))
+        self._run(job, lambda record: self.runner.check(job, plan, record), plans=1)
 
     def explore(self, job: JobSpec, plans: PlanSource | None = None) -> None:
         """Search plans with hypothesis (``--spotchaos-plan`` replays one plan instead)."""
-        if self._state.options.plan is not None:
-            self.check(job, self._state.options.plan)
-            return
-        record = self._record(job)
-        settings = ExploreSettings(max_examples=self._state.options.max_examples, seed=self._seed)
-        self._guard(record, lambda: self.runner.explore(job, plans, settings=settings, record=record))
+        self._run(job, lambda record: self._search(job, plans, record))
 
-    def reference(self, job: JobSpec):
+    def reference(self, job: JobSpec) -> RunRecord:
         """The uninterrupted run of ``job`` (computed once per session)."""
         return self.runner.reference(job)
 
@@ -72,17 +60,44 @@ class Scenario:
         """The file-system events of one checkpoint save (rotation included): crash points."""
         return self.runner.save_boundaries(job)
 
-    def resume_boundaries(self, job: JobSpec):
+    def resume_boundaries(self, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
         """(the hard kill before it, the reads of a checkpoint load on restart): crash points."""
         return self.runner.resume_boundaries(job)
 
     def check_overhead(self, job: JobSpec, benchmark: Any = None) -> None:
-        """Fail when checkpointing costs more than ``job.overhead_budget`` of training time.
+        """Fail when checkpointing costs more than ``job.overhead_budget`` of training time; with
+        pytest-benchmark's ``benchmark`` fixture the measured run is timed by it and the figures go
+        to ``--benchmark-json`` (``extra_info``), for comparison across commits."""
+        self._run(job, lambda record: self._overhead(job, benchmark, record))
 
-        Pass pytest-benchmark's ``benchmark`` fixture to time the measured run with it and put
-        the figures in ``--benchmark-json`` (``extra_info``), for comparison across commits.
-        """
-        record = self._record(job)
+    def check_notice_flush(self, job: JobSpec) -> None:
+        """Fail when SIGTERM-to-durable-checkpoint takes more than half the grace window."""
+        self._run(job, lambda record: self.runner.check_notice_flush(job, record))
+
+    def check_upload_preemption(self, job: JobSpec) -> None:
+        """Kill the job inside a slowed checkpoint upload: the previous checkpoint must stay the
+        newest valid one and the restart resume from it bit-exact (``storage = "s3"`` jobs)."""
+        self._run(job, lambda record: self.runner.check_upload_preemption(job, record), plans=1)
+
+    def check_storage(self, job: JobSpec, plan: Plan | str, faults: Sequence[Fault]) -> None:
+        """Run ``plan`` with storage ``faults`` on (``SlowDown(0.3)``, ``ResetMidUpload(...)``): every
+        verdict must hold and no checkpoint may block longer than ``checkpoint_budget_seconds``."""
+        self._run(job, lambda record: self.runner.check_storage(job, plan, faults, record), plans=1)
+
+    def check_storage_refusal(self, job: JobSpec, fault: Fault | CredentialSwap) -> None:
+        """S3 refuses the restart (``UnknownAccessKey()``, ``ReadOnlyKey()``, ``ExpiredToken(...)``):
+        a non-zero exit with a clear message, no checkpoint object changed, no secret shown."""
+        self._run(job, lambda record: self.runner.check_storage_refusal(job, fault, record))
+
+    def _search(self, job: JobSpec, plans: PlanSource | None, record: ScenarioRecord) -> None:
+        if self._state.options.plan is not None:  # --spotchaos-plan: exactly that plan
+            note_plans(record, 1)
+            self.runner.check(job, self._state.options.plan, record)
+            return
+        settings = ExploreSettings(max_examples=self._state.options.max_examples, seed=self._seed)
+        self.runner.explore(job, plans, settings=settings, record=record)
+
+    def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:
         measure = None
         if benchmark is not None:
 
@@ -90,65 +105,44 @@ class Scenario:
                 return benchmark.pedantic(fn, rounds=1, iterations=1)
 
         try:
-            self._guard(record, lambda: self.runner.check_overhead(job, record, measure))
+            self.runner.check_overhead(job, record, measure)
         finally:  # a failing budget still reports its figures
             if benchmark is not None and record.figures:
                 benchmark.extra_info.update(_benchmark_info(record.figures))
 
-    def check_notice_flush(self, job: JobSpec) -> None:
-        """Fail when SIGTERM-to-durable-checkpoint takes more than half the grace window."""
-        record = self._record(job)
-        self._guard(record, lambda: self.runner.check_notice_flush(job, record))
-
-    def check_upload_preemption(self, job: JobSpec) -> None:
-        """Kill the job inside a slowed checkpoint upload: the previous checkpoint must stay the
-        newest valid one and the restart resume from it bit-exact (``storage = "s3"`` jobs)."""
-        record = self._record(job)
-        record.plans_tried = 1
-        self._guard(record, lambda: self.runner.check_upload_preemption(job, record))
-
-    def check_storage(self, job: JobSpec, plan: Plan | str, faults: Sequence[Fault]) -> None:
-        """Run ``plan`` with storage ``faults`` on (``SlowDown(0.3)``, ``ResetMidUpload(...)``): every
-        verdict must hold and no checkpoint may block longer than ``checkpoint_budget_seconds``."""
-        record = self._record(job)
-        record.plans_tried = 1
-        self._guard(record, lambda: self.runner.check_storage(job, plan, faults, record))
-
-    def check_storage_refusal(self, job: JobSpec, fault: Fault | CredentialSwap) -> None:
-        """S3 refuses the restart (``UnknownAccessKey()``, ``ReadOnlyKey()``, ``ExpiredToken(...)``):
-        a non-zero exit with a clear message, no checkpoint object changed, no secret shown."""
-        record = self._record(job)
-        self._guard(record, lambda: self.runner.check_storage_refusal(job, fault, record))
-
-    def _guard(self, record: ScenarioRecord, action) -> None:
+    def _run(self, job: JobSpec, action: Callable[[ScenarioRecord], object], plans: int | None = None) -> None:
+        """One scenario: a record for the report (kept even if the session is interrupted), then
+        ``action``; what it raises becomes a failure, an error, or a skip (no Docker, no GPU)."""
+        record = ScenarioRecord(scenario=self._item.nodeid, job=job.name, seed=self._state.options.seed)
+        self._item.stash[RECORDS].append(record)
+        self._state.in_flight[self._item.nodeid] = self._item.stash[RECORDS]
+        if plans is not None:
+            note_plans(record, plans)
         try:
-            action()
-        except DockerUnavailable as exc:
-            if self._state.options.require_docker:
-                record.passed, record.error = False, str(exc)
+            action(record)
+        except (DockerUnavailable, GpuUnavailable) as exc:
+            option = "--spotchaos-require-docker" if isinstance(exc, DockerUnavailable) else "--spotchaos-require-gpu"
+            required = (
+                self._state.options.require_docker
+                if isinstance(exc, DockerUnavailable)
+                else self._state.options.require_gpu
+            )
+            if required:
+                note_error(record, str(exc))
                 raise
             self._item.stash[RECORDS].remove(record)  # a skipped scenario has no verdict to report
-            pytest.skip(f"spotchaos: {exc} (--spotchaos-require-docker makes this a failure)")
-        except GpuUnavailable as exc:
-            if self._state.options.require_gpu:
-                record.passed, record.error = False, str(exc)
-                raise
-            self._item.stash[RECORDS].remove(record)
-            pytest.skip(f"spotchaos: {exc} (--spotchaos-require-gpu makes this a failure)")
+            pytest.skip(f"spotchaos: {exc} ({option} makes this a failure)")
         except ChaosFailure as failure:
-            record.passed = False
-            record.failing_plan = str(failure.plan)
+            note_failure(record, failure.plan)
             raise
         except ScenarioFailure:  # a budget or storage verdict
-            record.passed = False
+            note_failure(record)
             raise
         except SpotchaosError as exc:
-            record.passed = False
-            record.error = str(exc)
+            note_error(record, str(exc))
             raise
         except Exception as exc:  # a crash of the harness itself (or a MemoryError): an error, never a pass
-            record.passed = False
-            record.error = f"spotchaos could not finish this scenario: {type(exc).__name__}: {exc}"
+            note_error(record, f"spotchaos could not finish this scenario: {type(exc).__name__}: {exc}")
             raise
 
 

@@ -1,0 +1,99 @@
+"""Time budgets: checkpoint overhead against the job's budget (with interval advice and the cost
+of a completed job), and the notice flush (SIGTERM to a durable checkpoint) against the grace window."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..advisor import advise
+from ..config import JobSpec
+from ..cost import estimate
+from ..errors import ScenarioFailure
+from ..overhead import measure_overhead, notice_flushes
+from ..plan import Plan, Preemption
+from ..presets import MTBF_PRESETS
+from ..record import ScenarioRecord, note_figures, note_plans
+from ..session import SessionCore
+from ..trajectory import RunRecord
+from .preemption import ChaosFailure
+
+
+class BudgetFailure(ScenarioFailure):
+    """A time budget (checkpoint overhead, notice flush) was exceeded, or could not be measured."""
+
+
+def fresh_run(core: SessionCore, job: JobSpec) -> RunRecord:
+    """One more uninterrupted run (the overhead scenario measures on it)."""
+    return core.run_once(job, Plan(), "measure")
+
+
+def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:
+    """A run with one SIGTERM half-way, cached per job: notice flush and restart latency.
+
+    It must itself pass every verdict; figures from a run that did not resume are meaningless.
+    """
+    key = ("timing", job.key())
+    if key not in core.cache:
+        middle = max(0, len(core.reference(job).steps) // 2 - 1)
+        plan = Plan((Preemption(middle, "sigterm"),))
+        record, verdict = core.run(job, plan)
+        if not verdict.passed:
+            raise ChaosFailure(job.name, plan, verdict, record.workdir)
+        core.cache[key] = record
+    return core.cache[key]
+
+
+def check_overhead(
+    core: SessionCore,
+    job: JobSpec,
+    record: ScenarioRecord | None = None,
+    measure: Callable[[Callable[[], RunRecord]], RunRecord] | None = None,
+) -> dict[str, Any]:
+    """Checkpoint overhead against ``job.overhead_budget``, plus interval advice and cost.
+
+    ``measure`` wraps the measured run (the plugin passes pytest-benchmark's timer).
+    """
+    run = (measure or (lambda fn: fn()))(lambda: fresh_run(core, job))
+    overhead = measure_overhead(run.attempts[0], job.overhead_budget)
+    figures: dict[str, Any] = {"overhead": overhead.to_dict()}
+    if overhead.fraction is not None:
+        restarted = timing_run(core, job).attempts[-1]
+        restart = restarted.ready_seconds or 0.0
+        mtbf = job.mtbf_seconds or MTBF_PRESETS["typical"]
+        interval = (overhead.interval_steps or 1) * (overhead.step_seconds or 0.0)
+        advice = advise(
+            checkpoint_seconds=overhead.checkpoint_seconds or 0.0,
+            restart_seconds=restart,
+            mtbf_seconds=mtbf,
+            configured_interval=interval,
+        )
+        cost = estimate(
+            inputs=job.cost,
+            step_seconds=overhead.step_seconds or 0.0,
+            steps_run=len(run.steps),
+            checkpoint_seconds=overhead.checkpoint_seconds or 0.0,
+            interval_seconds=interval,
+            restart_seconds=restart,
+            mtbf_seconds=mtbf,
+            checkpoint_bytes=overhead.checkpoint_bytes or 0,
+        )
+        figures["advice"] = advice.to_dict()
+        figures["advice"]["mtbf_source"] = "job" if job.mtbf_seconds else "preset 'typical' (assumed)"
+        figures["cost"] = cost.to_dict()
+    note_figures(record, figures, passed=overhead.passed)
+    note_plans(record, 1)
+    if not overhead.passed:
+        raise BudgetFailure(f"job {job.name!r}: {overhead.message()}")
+    return figures
+
+
+def check_notice_flush(core: SessionCore, job: JobSpec, record: ScenarioRecord | None = None) -> None:
+    """SIGTERM to durable checkpoint must take at most half the grace window."""
+    flushes = notice_flushes(timing_run(core, job))
+    failed = [f for f in flushes if not f.passed]
+    note_figures(record, {"notice_flush": [f.to_dict() for f in flushes]}, passed=bool(flushes) and not failed)
+    note_plans(record, 1)
+    if failed or not flushes:
+        detail = "; ".join(f.message() for f in failed) or "no notice was delivered"
+        raise BudgetFailure(f"job {job.name!r}: {detail}")

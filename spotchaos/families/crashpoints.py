@@ -1,0 +1,69 @@
+"""Crash points: kills inside the job's own checkpoint writes and loads.
+
+The crash-point hook (``spotchaos/crashpoint``) numbers every file-system event a job makes under
+its checkpoint directory; these functions trace a save and a restart's load, so a plan
+``crash@N`` can kill the job just before any one of those events. ``crash@N`` counts those
+events, not training steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..config import JobSpec
+from ..engine import FS_EVENTS, read_fs_events
+from ..errors import SpotchaosError
+from ..plan import Plan, Preemption
+from ..session import SessionCore
+from ..trajectory import RunRecord
+
+
+def trace(core: SessionCore, job: JobSpec, plan: Plan) -> tuple[RunRecord, list[list[dict[str, Any]]]]:
+    """Run with every file-system event under the checkpoint directory logged, per attempt."""
+    logs: list[list[dict[str, Any]]] = []
+
+    def read_logs(record: RunRecord) -> None:
+        workdir = Path(record.workdir)
+        logs.extend(read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.attempts)
+
+    record = core.run_once(job, plan, "trace", read_logs, trace_fs=True)
+    return record, logs
+
+
+def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
+    """Every file-system event of one checkpoint save of the uninterrupted run: the first save
+    that also rotates an old checkpoint away, else the last save. Each is a crash point.
+
+    A save's window runs from the step before it to the step after it, not to its
+    ``checkpoint`` event: a trainer may finish work in the background once the checkpoint
+    is durable (the reference unlinks rotated checkpoints so), and a crash there counts too.
+    """
+    record, (log, *_) = trace(core, job, Plan())
+    events = record.attempts[0].events
+    windows = []
+    last_step_t = None
+    for index, event in enumerate(events):
+        if event["event"] == "step":
+            last_step_t = event["t"]
+        elif event["event"] == "checkpoint" and last_step_t is not None:
+            after = (e["t"] for e in events[index + 1 :] if e["event"] == "step")
+            next_step_t = next(after, float("inf"))
+            windows.append([e for e in log if last_step_t < e["t"] < next_step_t])
+    if not windows:
+        raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no save to crash inside")
+    rotating = [w for w in windows[1:] if any(e["event"] in ("shutil.rmtree", "os.remove") for e in w)]
+    return rotating[0] if rotating else windows[-1]
+
+
+def resume_boundaries(core: SessionCore, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
+    """The reads of a restart that loads a checkpoint: hard kill half-way, then trace the resume."""
+    steps = core.checkpoint_steps(job)
+    if not steps:
+        raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no load to crash inside")
+    kill = Preemption(min(steps[-1] + 1, len(core.reference(job).steps) - 2), "sigkill")
+    record, logs = trace(core, job, Plan((kill,)))
+    if len(logs) < 2:
+        raise SpotchaosError(f"job {job.name!r} finished before {kill} could interrupt it")
+    first_step = next((e["t"] for e in record.attempts[1].of_kind("step")), float("inf"))
+    return kill, [e for e in logs[1] if e["event"] == "open-read" and e["t"] < first_step]

@@ -1,0 +1,43 @@
+"""Preemption and damage: run a plan (notices, hard kills, crash points, checkpoint damage between
+attempts) and fail unless the resumed run is bit-exact with the reference."""
+
+from __future__ import annotations
+
+from ..config import JobSpec
+from ..errors import ConfigError, ScenarioFailure, SpotchaosError
+from ..plan import Plan
+from ..record import ScenarioRecord, note_run
+from ..session import SessionCore
+from ..verdict import Verdict
+
+
+class ChaosFailure(ScenarioFailure):
+    """A plan under which the job did not resume bit-exact (or broke another verdict)."""
+
+    def __init__(self, job: str, plan: Plan, verdict: Verdict, workdir: str) -> None:
+        self.job, self.plan, self.verdict, self.workdir = job, plan, verdict, workdir
+        super().__init__(
+            f"job {job!r} under plan {plan}:\n{verdict.message()}\n  (logs and checkpoints kept in {workdir})"
+        )
+
+
+class DamageNotApplied(SpotchaosError):
+    """A plan's checkpoint fault found nothing to damage (no durable checkpoint yet, say)."""
+
+
+def check(core: SessionCore, job: JobSpec, plan: Plan | str, record: ScenarioRecord | None = None) -> Verdict:
+    """Run one plan (a :class:`Plan` or ``"sigterm@5,sigkill@12"``); raise :class:`ChaosFailure`
+    unless every verdict holds."""
+    plan = Plan.parse(plan) if isinstance(plan, str) else plan
+    if not plan.preemptions:
+        raise ConfigError(f"job {job.name!r}: an empty plan preempts nothing; give at least one FAULT@STEP")
+    run, verdict = core.run(job, plan)
+    skipped = [a.damage for a in run.attempts if a.damage is not None and not a.damage.applied]
+    if skipped:
+        raise DamageNotApplied(
+            f"job {job.name!r} under plan {plan}: {skipped[0].fault} could not be applied: {skipped[0].detail}"
+        )
+    note_run(record, plan, run, verdict, core.reference(job))
+    if not verdict.passed:
+        raise ChaosFailure(job.name, plan, verdict, run.workdir)
+    return verdict

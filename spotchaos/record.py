@@ -1,0 +1,107 @@
+"""The scenario record: what the report says of one scenario (one test, one job).
+
+This module alone writes it. The runner's families call these functions with what they found;
+the fixture calls them when a scenario errors or is skipped. So the rules (a failure is never
+undone by a later pass, the plots show the minimal failing plan, an error is never a pass) live
+in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .plan import Plan
+from .trajectory import RunRecord
+from .verdict import Verdict
+
+
+@dataclass
+class ScenarioRecord:
+    """What the report says of one scenario (one test, one job)."""
+
+    scenario: str
+    job: str
+    seed: int | None
+    passed: bool = True
+    plans_tried: int = 0
+    failing_plan: str | None = None
+    verdict: dict[str, Any] | None = None
+    error: str | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    reference: dict[str, Any] | None = None
+    figures: dict[str, Any] = field(default_factory=dict)  # overhead, advice, cost, notice flush
+    trajectory: dict[str, Any] | None = None  # the run shown in the plots: the failing one, else the last
+
+
+def note_run(record: ScenarioRecord | None, plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord) -> None:
+    """One judged run of a plan: its summary, the reference once, the trajectory to plot, the verdict."""
+    if record is None:
+        return
+    summary = {
+        "plan": str(plan),
+        "passed": verdict.passed,
+        "wall_seconds": round(run.wall_seconds, 3),
+        "attempts": len(run.attempts),
+        "lost_steps": verdict.lost_steps,
+        "faults": [f.__dict__ for f in run.faults],
+        "damage": [asdict(d) for d in verdict.damage],  # each checkpoint fault and what the job did
+        "restart_seconds": [a.start_seconds for a in run.attempts[1:]],
+        "memory": run.memory_peaks(),
+        # processes that left the job's process group (setsid, a double fork), found by the run's marker and ended
+        "escaped_processes": [p for a in run.attempts for p in a.escaped],
+        "not_reached": run.not_reached,  # planned faults whose attempt never started: training was already done
+    }
+    record.runs.append(summary)
+    if record.reference is None:
+        record.reference = {
+            "wall_seconds": round(reference.wall_seconds, 3),
+            "steps": len(reference.steps),
+            "start_seconds": reference.attempts[0].start_seconds,
+            "memory": reference.memory_peaks(),
+        }
+    if record.passed or not verdict.passed:  # the plots show the last failing run (the minimal plan), else the last
+        record.trajectory = {
+            "plan": str(plan),
+            "reference": [[step, loss] for _, step, loss in reference.series()["points"]],
+            **run.series(),
+        }
+    if not verdict.passed:
+        record.passed = False
+        record.failing_plan = str(plan)  # hypothesis runs the minimal plan last
+        record.verdict = verdict.to_dict()
+    elif record.passed:
+        record.verdict = verdict.to_dict()
+
+
+def note_plans(record: ScenarioRecord | None, count: int, *, add: bool = False) -> None:
+    """How many plans the scenario ran (a search's count, or one more for a fixed plan)."""
+    if record is not None:
+        record.plans_tried = record.plans_tried + count if add else count
+
+
+def note_figures(record: ScenarioRecord | None, figures: dict[str, Any], *, passed: bool = True) -> None:
+    """Figures for the report (overhead, advice, cost, notice flush); a failed budget fails the record."""
+    if record is not None:
+        record.figures.update(figures)
+        record.passed = record.passed and passed
+
+
+def note_storage(record: ScenarioRecord | None, figures: dict[str, Any]) -> None:
+    """One storage scenario's figures (with its problems, if any): appended, and failing the record."""
+    if record is not None:
+        record.figures.setdefault("storage", []).append(figures)
+        record.passed = record.passed and figures["passed"]
+
+
+def note_failure(record: ScenarioRecord, plan: Plan | str | None = None) -> None:
+    """A verdict failed (the plan, when the failure names one)."""
+    record.passed = False
+    if plan is not None:
+        record.failing_plan = str(plan)
+
+
+def note_error(record: ScenarioRecord, message: str) -> None:
+    """The scenario could not be judged: an error, never a pass."""
+    record.passed = False
+    record.error = message

@@ -1,0 +1,98 @@
+"""The plan search: hypothesis generates plans for a scenario and shrinks a failure to the
+smallest plan that still fails. It knows how to call a check, not what the check does."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, Phase, given, reject
+from hypothesis import seed as hypothesis_seed
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+
+from .config import JobSpec
+from .errors import ScenarioFailure, SpotchaosError
+from .families.preemption import DamageNotApplied, check
+from .plan import Plan
+from .record import ScenarioRecord, note_plans
+from .session import SessionCore
+from .strategies import preemption_plans
+
+log = logging.getLogger("spotchaos")
+PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
+
+
+@dataclass
+class ExploreSettings:
+    max_examples: int = 3
+    seed: int | None = None
+
+
+def explore(
+    core: SessionCore,
+    job: JobSpec,
+    plans: PlanSource | None = None,
+    *,
+    settings: ExploreSettings | None = None,
+    record: ScenarioRecord | None = None,
+) -> int:
+    """Let hypothesis search plans; on failure it shrinks to the smallest failing plan.
+
+    Returns the number of plans tried. A :class:`SpotchaosError` that is not a verdict (the job
+    hung, crashed on its own, wrote garbage) stops the search at once instead of being shrunk.
+    """
+    settings = settings or ExploreSettings()
+    total_steps = len(core.reference(job).steps)
+    if plans is None:
+        strategy = preemption_plans(total_steps)
+    elif isinstance(plans, st.SearchStrategy):
+        strategy = plans
+    else:
+        strategy = plans(total_steps)
+    aborted: list[SpotchaosError] = []
+    tried = 0
+
+    def attempt(plan: Plan) -> None:
+        nonlocal tried
+        if aborted:
+            return
+        tried += 1
+        shrinking = " (shrinking a failure)" if tried > settings.max_examples else ""
+        log.info("job %s: plan %d of %d planned%s: %s", job.name, tried, settings.max_examples, shrinking, plan)
+        try:
+            check(core, job, plan, record)
+        except DamageNotApplied:
+            reject()  # nothing to damage at that step: not a verdict, try another plan
+        except ScenarioFailure:
+            raise  # a verdict: hypothesis shrinks it to the smallest failing plan
+        except SpotchaosError as exc:
+            aborted.append(exc)
+
+    test = given(plan=strategy)(attempt)
+    test = hypothesis_settings(
+        max_examples=settings.max_examples,
+        deadline=None,
+        database=None,
+        derandomize=settings.seed is None,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )(test)
+    if settings.seed is not None:
+        test = hypothesis_seed(settings.seed)(test)
+    try:
+        test()
+    except Unsatisfiable:
+        raise DamageNotApplied(
+            f"job {job.name!r}: no plan could damage a checkpoint (does it report durable checkpoints "
+            "with probe.checkpoint before the preemption steps tried?)"
+        ) from None
+    finally:
+        note_plans(record, tried)
+    if aborted:
+        raise aborted[0]
+    return tried
