@@ -9,6 +9,7 @@ leaves, so no process of the job outlives the call.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -33,6 +34,7 @@ from .processes import end_marked
 from .safefs import UnsafeFile, read_text_bounded
 from .trajectory import Attempt, FaultRecord, RunRecord
 
+log = logging.getLogger("spotchaos")
 POLL_SECONDS = 0.003
 TAIL_BYTES = 4000
 FS_EVENTS_BYTES = 64 << 20
@@ -190,11 +192,13 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
                 options = replace(options, extra_env=(*options.extra_env, *swapped.items()))
         attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options)
         attempts.append(attempt)
+        log.info("job %s, plan %s, attempt %d: %s", job.name, plan, index, _attempt_line(attempt))
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
     unfired, not_reached = _unfired(plan, attempts)
+    log.info("job %s, plan %s: %d attempt(s) in %.1f s", job.name, plan, len(attempts), time.monotonic() - started)
     return RunRecord(
         job=job.name,
         plan=str(plan),
@@ -204,6 +208,18 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         unfired=unfired,
         not_reached=not_reached,
     )
+
+
+def _attempt_line(attempt: Attempt) -> str:
+    """What happened to one attempt, for the log: the fault and where it landed, the exit, the time."""
+    fault = attempt.fault
+    if fault is None:
+        what = "no fault"
+    elif fault.fault == "crash":
+        what = f"crash {fault.detail}"
+    else:
+        what = f"{fault.fault} sent after step {fault.observed_step}"
+    return f"{what}; exit {attempt.exit_code} after {attempt.wall_seconds:.1f} s"
 
 
 def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]:

@@ -10,6 +10,7 @@ print the header and the summary, and end the session's jobs and containers.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -35,6 +36,7 @@ from .safefs import captured_logs, read_text_bounded, rewrite_logs
 from .sanitize import visible
 from .summary import figure_lines
 
+LOG = logging.getLogger("spotchaos")
 SCAN_BYTES = 256 << 20  # the most of one artifact the end-of-session secret scan reads
 CACHE_SEED = "spotchaos/seed"
 
@@ -51,6 +53,7 @@ class _State:
     interrupted: str | None = None  # the signal that stopped the session (SIGTERM, SIGHUP, SIGINT)
     reaped: list[str] = field(default_factory=list)  # what dead pytest runs had left running, ended at start
     old_handlers: dict[int, Any] = field(default_factory=dict)
+    live_log: logging.Handler | None = None  # -v: the spotchaos logger's lines on the terminal
 
     @property
     def secrets(self) -> list[str]:
@@ -123,7 +126,30 @@ def start(config: pytest.Config) -> None:
         state.reaped = LiveJobs().reap()
     config.stash[STATE] = state
     config.pluginmanager.register(_Collector(config, state), "spotchaos-collector")
+    if config.option.verbose > 0 and not config.getini("log_cli") and worker_seed is None:
+        state.live_log = _LiveLines(config)
+        LOG.addHandler(state.live_log)
+        LOG.setLevel(logging.INFO)
     _catch_stop_signals(state, config)
+
+
+class _LiveLines(logging.Handler):
+    """Under ``-v``, each line of the ``spotchaos`` logger (a run, an attempt, a plan of a search)
+    on the terminal as it happens, the way pytest's live logging writes: a scenario exploring
+    four plans of several attempts each is otherwise silent for minutes. (``--log-cli-level=INFO``
+    shows the same lines through pytest's own live logging.)"""
+
+    def __init__(self, config: pytest.Config) -> None:
+        super().__init__(logging.INFO)
+        self.config = config
+
+    def emit(self, record: logging.LogRecord) -> None:
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if terminal is None:
+            return
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            terminal.write_line(visible(f"spotchaos: {record.getMessage()}"))
 
 
 def _check_writable(directory: Path) -> None:
@@ -270,6 +296,8 @@ class _Collector:
         state = self.state
         for signum, handler in state.old_handlers.items():
             signal.signal(signum, handler)
+        if state.live_log is not None:
+            LOG.removeHandler(state.live_log)
         state.runner.close()
         runs = state.runner.workdir.parent
         if runs.is_dir() and not any(runs.iterdir()):

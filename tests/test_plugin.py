@@ -228,3 +228,22 @@ def test_overhead(spotchaos, spotchaos_job, benchmark):
     (scenario,) = report(pytester)["scenarios"]
     assert scenario["figures"]["advice"]["mtbf_seconds"] == 3600
     assert scenario["figures"]["cost"]["spot"]["compute"] is None  # no price given: unknown, not zero
+
+
+def test_it_says_what_it_is_doing_under_v_and_nothing_more_under_q(pytester):
+    """A scenario exploring plans of several attempts each would otherwise be silent for minutes."""
+    pytester.makefile(".toml", pyproject=pyproject())
+    pytester.makepyfile(test_s=SCENARIO)
+    verbose = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-examples=2", "-v")
+    verbose.assert_outcomes(passed=1)
+    verbose.stdout.fnmatch_lines(
+        [
+            "spotchaos: job ref, plan none: 1 attempt(s) in *",  # the reference run
+            "spotchaos: job ref: plan 1 of 2 planned: *",
+            "spotchaos: job ref, plan *, attempt 0: * sent after step *; exit * after * s",
+            "spotchaos: job ref, plan *, attempt 1: no fault; exit 0 after * s",
+        ]
+    )
+    quiet = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-examples=2", "-q")
+    quiet.assert_outcomes(passed=1)
+    assert not [line for line in quiet.outlines if line.startswith("spotchaos: job")]
