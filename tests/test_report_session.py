@@ -152,6 +152,7 @@ window.addEventListener("load", () => {
     tableVisible: !!table && visible(table),
     tableRows: table ? table.tBodies[0].rows.length : 0,
     verdicts: table ? [...table.tBodies[0].rows].map((r) => r.cells[0].textContent.trim()) : [],
+    overflow: document.documentElement.scrollWidth - window.innerWidth,
   };
   const out = document.createElement("pre");
   out.id = "visibility";
@@ -308,3 +309,41 @@ def test_report_cli_refuses_truncated_and_newer_reports(session, tmp_path):
     for args in (["report", str(newer)], ["compare", str(newer), str(root / "out" / "report.json")]):
         result = _cli(root, *args)
         assert result.returncode == 2 and "schema 99" in result.stderr and "upgrade spotchaos" in result.stderr
+
+
+def test_long_scenario_ids_and_a_crash_during_a_load_fit_a_1400_px_page(session, tmp_path):
+    """Viewed as a person views it: a long pytest node id wraps instead of running off the page's
+    right edge, and a crash while the restart loads its checkpoint says so (not "crash @ -1")."""
+    from spotchaos.report.html import render_html
+
+    root, _ = session
+    document = json.loads((root / "out" / "report.json").read_text())
+    long_id = (
+        "scenarios/test_checkpoint_damage.py::" + "test_crash_inside_a_checkpoint_save" * 5 + "[reference-workers]"
+    )
+    document["scenarios"][0]["scenario"] = long_id
+    document["scenarios"][0]["failing_plan"] = "sigkill@18,crash@2"
+    crash = {
+        "fault": "crash",
+        "observed_step": -1,
+        "delivered_at": 0.4,
+        "detail": "before open-read ckpt/model.pt (file-system event 2)",
+    }
+    document["scenarios"][0]["runs"][0]["faults"] = [crash]
+    page = tmp_path / "long.html"
+    page.write_text(render_html(document).replace("</body>", VISIBILITY_CHECK + "</body>"))
+    flags = [f if not f.startswith("--window-size") else "--window-size=1400,2400" for f in CHROMIUM_FLAGS]
+    dom = subprocess.run(
+        [_chromium(), *flags, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    found = re.search(r'<pre id="visibility">(.*?)</pre>', dom.stdout)
+    assert found, dom.stderr[-2000:]
+    seen = json.loads(found.group(1).replace("&quot;", '"'))
+    assert seen["overflow"] <= 0, f"the page runs {seen['overflow']} px past the right edge of a 1400 px window"
+    html = page.read_text()
+    assert "crash before open-read ckpt/model.pt (file-system event 2), before the first step" in html
+    assert "@ -1" not in html
