@@ -13,6 +13,7 @@ import re
 import shlex
 import sys
 import tomllib
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -44,9 +45,9 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     cwd: str | None = None
     grace_seconds: float | None = None  # None: the provider's window, else 30 s
-    start_timeout: float = 120.0
-    event_timeout: float = 60.0
-    attempt_timeout: float = 1800.0
+    start_timeout_seconds: float = 120.0
+    event_timeout_seconds: float = 60.0
+    attempt_timeout_seconds: float = 1800.0
     provider: str | None = None  # aws, gcp, azure, alibaba-pai-eas, kubernetes
     overhead_budget: float = 0.05  # checkpoint time / training time
     # the longest one checkpoint may hold training up under storage faults (a SlowDown storm):
@@ -74,7 +75,13 @@ class JobSpec:
             raise ConfigError(f"{self.where('provider')}: unknown provider {self.provider!r} (known: {known})")
         if self.grace_seconds is None:
             object.__setattr__(self, "grace_seconds", GRACE_WINDOWS.get(self.provider or "", 30.0))
-        for key in ("grace_seconds", "start_timeout", "event_timeout", "attempt_timeout", "checkpoint_budget_seconds"):
+        for key in (
+            "grace_seconds",
+            "start_timeout_seconds",
+            "event_timeout_seconds",
+            "attempt_timeout_seconds",
+            "checkpoint_budget_seconds",
+        ):
             _check_number(getattr(self, key), self.where(key), "a number of seconds", 0, 1e6)
         _check_number(self.overhead_budget, self.where("overhead_budget"), "a fraction such as 0.05", 0, 0.9)
         if self.mtbf_seconds is not None:
@@ -148,12 +155,19 @@ class Settings:
 
 _NUMBER_KEYS = (
     "grace_seconds",
-    "start_timeout",
-    "event_timeout",
-    "attempt_timeout",
+    "start_timeout_seconds",
+    "event_timeout_seconds",
+    "attempt_timeout_seconds",
     "overhead_budget",
     "checkpoint_budget_seconds",
 )
+# Old names that still work, with a DeprecationWarning naming the new one (one name per concept:
+# every duration ends in _seconds).
+_RENAMED = {
+    "start_timeout": "start_timeout_seconds",
+    "event_timeout": "event_timeout_seconds",
+    "attempt_timeout": "attempt_timeout_seconds",
+}
 _JOB_KEYS = {
     "command",
     "resume_command",
@@ -169,6 +183,7 @@ _JOB_KEYS = {
     "parametrize",
     "storage",
     *_NUMBER_KEYS,
+    *_RENAMED,
 }
 
 
@@ -230,6 +245,16 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
     cwd = table.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ConfigError(f"{where('cwd')}: must be a string")
+    for old_key, new_key in _RENAMED.items():
+        if old_key in table:
+            if new_key in table:
+                raise ConfigError(f"{where(old_key)}: give {new_key} only (the old name is deprecated)")
+            warnings.warn(
+                f"{where(old_key)} is deprecated: call it {new_key} (it will stop working in a later release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            table = {**table, new_key: table[old_key]}
     kwargs: dict[str, Any] = {key: table[key] for key in _NUMBER_KEYS if key in table}
     if "provider" in table:
         kwargs["provider"] = table["provider"]

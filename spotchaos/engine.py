@@ -148,23 +148,24 @@ class _AttemptWatch:
                 self.handle.kill()  # the grace window is over: the provider pulls the plug
             return  # the job is being preempted: the grace window, not hang detection, applies
         if self.first_event_at is None:
-            if now - self.started > self.job.start_timeout and self.job.log is not None:
+            if now - self.started > self.job.start_timeout_seconds and self.job.log is not None:
                 raise JobError(
                     f"job {self.job.name!r}: no line of its {self.job.log.stream} matched {self.job.log.where}.pattern "
-                    f"{self.job.log.pattern!r} within {self.job.start_timeout:g} s (start_timeout)"
+                    f"{self.job.log.pattern!r} within {self.job.start_timeout_seconds:g} s (start_timeout_seconds)"
                 )
-            if now - self.started > self.job.start_timeout:
+            if now - self.started > self.job.start_timeout_seconds:
                 raise JobError(
-                    f"job {self.job.name!r} never started: no event within {self.job.start_timeout:g} s "
-                    f"(start_timeout). Does the trainer create a spotchaos.probe.Probe and call start()?"
+                    f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
+                    f"(start_timeout_seconds). Does the trainer create a spotchaos.probe.Probe and call start()?"
                 )
-        elif now - self.last_event_at > self.job.event_timeout:
+        elif now - self.last_event_at > self.job.event_timeout_seconds:
             where = f"after step {self.last_step}" if self.last_step is not None else "after its start event"
+            limit = self.job.event_timeout_seconds
+            raise JobError(f"job {self.job.name!r} hangs: no event for {limit:g} s {where} (event_timeout_seconds)")
+        if now - self.started > self.job.attempt_timeout_seconds:
             raise JobError(
-                f"job {self.job.name!r} hangs: no event for {self.job.event_timeout:g} s {where} (event_timeout)"
+                f"job {self.job.name!r} ran past attempt_timeout_seconds ({self.job.attempt_timeout_seconds:g} s)"
             )
-        if now - self.started > self.job.attempt_timeout:
-            raise JobError(f"job {self.job.name!r} ran past attempt_timeout ({self.job.attempt_timeout:g} s)")
 
 
 def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> RunRecord:
@@ -273,7 +274,7 @@ def _run_attempt(
     # own /tmp goes with it.
     scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-")) if job.container is None else None
     env = {**backend.inherited_environment(), **job.environment()}
-    crash_at = preemption.at_step if preemption is not None and preemption.fault == "crash" else None
+    crash_at = preemption.fs_event if preemption is not None else None
     if crash_at is not None or options.trace_fs:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
         env["SPOTCHAOS_CRASH_ROOT"] = str(checkpoints)

@@ -32,6 +32,12 @@ class Preemption:
         if not 0 <= self.pick < 1:
             raise ConfigError(f"pick must be in [0, 1), got {self.pick}")
 
+    @property
+    def fs_event(self) -> int | None:
+        """For ``crash@N``, N: the job's N-th file-system event under its checkpoint directory (the
+        crash point), not a training step; None for the other faults."""
+        return self.at_step if self.fault == "crash" else None
+
     def __str__(self) -> str:
         text = f"{self.fault}@{self.at_step}"
         if self.damage:
@@ -66,4 +72,12 @@ class Plan:
         return ",".join(str(p) for p in self.preemptions) or "none"
 
     def to_dict(self) -> list[dict[str, Any]]:
-        return [{"fault": p.fault, "at_step": p.at_step, "damage": p.damage, "pick": p.pick} for p in self.preemptions]
+        return [
+            {
+                "fault": p.fault,
+                "at_fs_event" if p.fault == "crash" else "at_step": p.at_step,
+                "damage": p.damage,
+                "pick": p.pick,
+            }
+            for p in self.preemptions
+        ]

@@ -81,8 +81,8 @@ def test_job_key_changes_with_what_shapes_the_trajectory():
 
 
 def test_python_declared_job_errors_name_the_job():
-    with pytest.raises(ConfigError, match=r"JobSpec\(name='j'\).event_timeout"):
-        JobSpec(name="j", command=("x",), event_timeout=0)
+    with pytest.raises(ConfigError, match=r"JobSpec\(name='j'\).event_timeout_seconds"):
+        JobSpec(name="j", command=("x",), event_timeout_seconds=0)
 
 
 def test_describe_hides_environment_values():
@@ -132,3 +132,16 @@ def test_options_precedence_and_errors():
         _resolve(profile="huge")
     with pytest.raises(ConfigError, match="--spotchaos-job: no job named 'x'"):
         _resolve(jobs=["x"])
+
+
+def test_old_timeout_names_still_work_with_a_deprecation_warning(tmp_path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[tool.spotchaos.jobs.a]\ncommand = ["python", "x.py"]\nevent_timeout = 7\n')
+    with pytest.warns(DeprecationWarning, match=r"\.event_timeout is deprecated: call it event_timeout_seconds"):
+        (job,) = load_settings(pyproject).jobs
+    assert job.event_timeout_seconds == 7
+    pyproject.write_text(
+        '[tool.spotchaos.jobs.a]\ncommand = ["python", "x.py"]\nevent_timeout = 7\nevent_timeout_seconds = 8\n'
+    )
+    with pytest.raises(ConfigError, match="give event_timeout_seconds only"):
+        load_settings(pyproject)

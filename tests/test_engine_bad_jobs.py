@@ -36,10 +36,10 @@ def assert_group_gone(tmp_path):
 @pytest.mark.parametrize(
     ("body", "timeouts", "message"),
     [
-        ("time.sleep(60)", {"start_timeout": 1.5}, r"job 'bad' never started: no event within 1.5 s"),
+        ("time.sleep(60)", {"start_timeout_seconds": 1.5}, r"job 'bad' never started: no event within 1.5 s"),
         (
             "probe.start(); probe.step(0, 1.0); time.sleep(60)",
-            {"event_timeout": 1.5},
+            {"event_timeout_seconds": 1.5},
             r"job 'bad' hangs: no event for 1.5 s after step 0",
         ),
         (

@@ -82,7 +82,7 @@ def test_trainer_that_prints_its_credentials_is_caught(s3_runner):
 
 
 def test_trainer_that_retries_forever_on_expired_token_is_caught(s3_runner):
-    job = s3_job("broken_s3_retries_forever", event_timeout=4)
+    job = s3_job("broken_s3_retries_forever", event_timeout_seconds=4)
     with pytest.raises(StorageFailure, match=r"did not end with a non-zero exit: .*hangs: no event for 4 s"):
         s3_runner.check_storage_refusal(job, ExpiredToken())
 

@@ -186,7 +186,7 @@ def test_events_file_tricks_end_in_one_clear_error(script, tmp_path, trick, says
         time.sleep(60)
         """
     )
-    outcome = run_guarded(JobSpec(name="tricky", command=command, start_timeout=30), tmp_path / "run")
+    outcome = run_guarded(JobSpec(name="tricky", command=command, start_timeout_seconds=30), tmp_path / "run")
     assert isinstance(outcome.get("error"), JobError), outcome
     assert __import__("re").search(says, str(outcome["error"])), outcome["error"]
 

@@ -14,18 +14,21 @@ from .checkpoint import CHECKPOINT_FAULTS, CheckpointSet, Damage
 from .signals import CrashPoint, HardKill, Notice
 
 
-class Fault(Protocol):
+class PreemptionFault(Protocol):
+    """What reaches a running job: a notice, a hard kill, a crash point (storage faults are
+    ``spotchaos.storage``'s, checkpoint damage ``CHECKPOINT_FAULTS``)."""
+
     name: str
     graceful: bool  # True: the job may checkpoint and exit inside the grace window
 
     def apply(self, handle: Handle) -> None: ...
 
 
-PREEMPTIONS: dict[str, Fault] = {
+PREEMPTIONS: dict[str, PreemptionFault] = {
     "sigterm": Notice(whole_group=False),
     "sigterm-group": Notice(whole_group=True),
     "sigkill": HardKill(),
-    "crash": CrashPoint(),  # at_step is the index of a file-system event, not a training step
+    "crash": CrashPoint(),  # crash@N: N is a file-system event (Preemption.fs_event), not a training step
 }
 
 __all__ = [
@@ -34,7 +37,7 @@ __all__ = [
     "CheckpointSet",
     "CrashPoint",
     "Damage",
-    "Fault",
     "HardKill",
     "Notice",
+    "PreemptionFault",
 ]
