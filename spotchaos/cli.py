@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .compare import METRICS, FailRule, compare
 from .errors import SpotchaosError
-from .history import HISTORY_DIR, SAVED, resolve_run, saved_runs
 from .report import load_report, write_text
-from .report_md import render_markdown
+from .report.compare import METRICS, FailRule, compare
+from .report.history import HISTORY_DIR, SAVED, resolve_run, saved_runs
+from .report.markdown import render_markdown
 
 
 def _render_html(document):
-    from .report_html import render_html  # matplotlib only when a page is drawn
+    from .report.html import render_html  # matplotlib only when a page is drawn
 
     return render_html(document)
 

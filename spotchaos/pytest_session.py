@@ -23,18 +23,18 @@ import pytest
 from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
 from .extras import MissingExtra
-from .history import HISTORY_DIR, save_run
 from .leftovers import LiveJobs
 from .options import RunOptions, resolve
 from .plugin import STATE
 from .processes import children
 from .redact import SecretMatcher, find_leaks, redact, secret_values
 from .report import build_report, now_iso, write_json, write_text
-from .report_md import render_markdown
+from .report.history import HISTORY_DIR, save_run
+from .report.markdown import render_markdown
+from .report.summary import figure_lines, lost_steps, verdict_word
 from .runner import ChaosRunner, ScenarioRecord
 from .safefs import captured_logs, read_text_bounded, rewrite_logs
 from .sanitize import visible
-from .summary import figure_lines
 
 LOG = logging.getLogger("spotchaos")
 SCAN_BYTES = 256 << 20  # the most of one artifact the end-of-session secret scan reads
@@ -389,7 +389,7 @@ class _Collector:
         markdown = render_markdown(document)
         write_text(markdown, self.path.with_name("report.md"))
         try:
-            from .report_html import render_html  # matplotlib: loaded when a report is written, not at pytest start
+            from .report.html import render_html  # matplotlib: loaded when a report is written, not at pytest start
         except MissingExtra as exc:  # the core install: JSON and Markdown, and one line on what the page needs
             self.html_missing = str(exc)
         else:
@@ -405,9 +405,9 @@ class _Collector:
         tr = terminalreporter
         tr.section("spotchaos")
         for s in self.state.scenarios:
-            verdict = "bit-exact" if s["passed"] else ("ERROR" if s.get("error") else "FAILED")
+            verdict = {"pass": "bit-exact", "fail": "FAILED", "error": "ERROR"}[verdict_word(s)]
             detail = f"failing plan {s['failing_plan']}" if s.get("failing_plan") else ""
-            lost = sum(r["lost_steps"] for r in s["runs"])
+            lost = lost_steps(s)
             tr.write_line(f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}".rstrip())
             for line in figure_lines(s.get("figures") or {}):
                 tr.write_line(f"          {line}")

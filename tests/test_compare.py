@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.compare import FailRule, compare
 from spotchaos.errors import ConfigError
+from spotchaos.report.compare import FailRule, compare
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.report_md import render_markdown
+from spotchaos.report.markdown import render_markdown
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 

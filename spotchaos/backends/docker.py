@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -25,6 +23,7 @@ from typing import Any
 
 from ..container import ContainerSpec
 from ..errors import BackendError
+from ..gpu import gpus_present
 from ..safefs import create_new
 from .base import LaunchSpec
 
@@ -50,18 +49,6 @@ HOW_TO_START = (
     "start one (Debian: apt-get install docker.io && dockerd --bridge=none --iptables=false &; "
     "or systemctl start docker), or set DOCKER_HOST"
 )
-
-
-def gpus_present() -> bool:
-    """An NVIDIA GPU the host's driver lists (what ``device_requests`` with ``gpu`` hands out)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
 
 
 def _alive(pid: int) -> bool:

@@ -11,7 +11,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .summary import lost_steps
 
 METRICS = {
     "overhead": "checkpoint overhead fraction",
@@ -96,7 +97,7 @@ def metrics(scenario: dict[str, Any]) -> dict[str, float | None]:
         "overhead": (figures.get("overhead") or {}).get("fraction"),
         "restart": statistics.median(restarts) if restarts else None,
         "flush": max(flushes) if flushes else None,
-        "lost": float(sum(r.get("lost_steps", 0) for r in runs)) if runs else None,
+        "lost": float(lost_steps(scenario)) if runs else None,
     }
 
 

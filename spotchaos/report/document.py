@@ -20,9 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import ReportError
-from .redact import redact
+from .. import __version__
+from ..errors import ReportError
+from ..gpu import driver_version
+from ..redact import redact
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 << 20
@@ -62,20 +63,6 @@ def _packages_digest() -> tuple[str, int]:
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16], len(names)
 
 
-def _nvidia_driver() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-
-
 def environment(root: Path) -> dict[str, Any]:
     """What the verdicts were measured on; torch and the GPU are described only if present."""
     digest, count = _packages_digest()
@@ -104,7 +91,7 @@ def environment(root: Path) -> dict[str, Any]:
             env["gpu"] = props.name
             env["gpu_memory_bytes"] = props.total_memory
             env["gpu_count"] = torch.cuda.device_count()
-            env["nvidia_driver"] = _nvidia_driver()
+            env["nvidia_driver"] = driver_version()
     except ImportError:
         env["torch"] = None
     return env

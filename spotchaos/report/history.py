@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .errors import ReportError
-from .report import write_json
+from ..errors import ReportError
+from .document import write_json
 
 HISTORY_DIR = ".spotchaos"
 SAVED = re.compile(r"^(\d{4,})_([0-9a-f]+|nocommit)_(\d{8}T\d{6}Z)\.json$")

@@ -13,9 +13,9 @@ import json
 import re
 from typing import Any
 
-from .extras import require
+from ..extras import require
 from .plots import divergence_png, trajectory_png
-from .summary import figure_lines
+from .summary import figure_lines, lost_steps, verdict_word
 
 jinja2 = require("jinja2", "html", "report.html")
 
@@ -42,14 +42,14 @@ def strip_terminal_codes(value: Any) -> Any:
     return value
 
 
-def _verdict_word(scenario: dict[str, Any]) -> str:
-    if scenario.get("passed"):
-        return "pass"
-    return "error" if scenario.get("error") else "fail"
-
-
-def _lost_steps(scenario: dict[str, Any]) -> int:
-    return sum(r.get("lost_steps", 0) for r in scenario.get("runs", []))
+def _fault_text(fault: dict[str, Any]) -> str:
+    """A fault as it happened: ``sigterm after step 5``; a crash point names the file-system event
+    it died before, and a crash during a restart's load is before the first step, not "at -1"."""
+    step = fault.get("observed_step")
+    when = f"after step {step}" if isinstance(step, int) and step >= 0 else "before the first step"
+    if fault.get("fault") == "crash":
+        return f"crash {fault.get('detail') or ''}, {when}".replace(" ,", ",")
+    return f"{fault.get('fault')} {when}"
 
 
 def _mib(memory: dict[str, Any] | None) -> str:
@@ -116,8 +116,9 @@ def render_html(document: dict[str, Any]) -> str:
         scenarios=[_scenario_view(s) for s in document.get("scenarios", [])],
         environment=sorted((k, v) for k, v in environment.items()),
         jobs=document.get("jobs") or [],
-        verdict_word=_verdict_word,
-        lost_steps=_lost_steps,
+        verdict_word=verdict_word,
+        fault_text=_fault_text,
+        lost_steps=lost_steps,
         mib=_mib,
         job_text=_job_text,
     )

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .sanitize import markdown_text, visible
-from .summary import storage_line
+from ..sanitize import markdown_text, visible
+from .summary import lost_steps, storage_line, verdict_word
 
 
 def _cell(value: Any) -> str:
@@ -33,9 +33,7 @@ def _code(value: Any) -> str:
 
 
 def _verdict(scenario: dict[str, Any]) -> str:
-    if scenario.get("passed"):
-        return "✅ pass"
-    return "❌ error" if scenario.get("error") else "❌ fail"
+    return {"pass": "✅ pass", "fail": "❌ fail", "error": "❌ error"}[verdict_word(scenario)]
 
 
 def _decision(document: dict[str, Any]) -> str:
@@ -63,7 +61,7 @@ def render_markdown(document: dict[str, Any]) -> str:
     ]
     scenarios = document.get("scenarios", [])
     for s in scenarios:
-        lost = sum(r.get("lost_steps", 0) for r in s.get("runs", []))
+        lost = lost_steps(s)
         lines.append(
             f"| {_verdict(s)} | {_name(s.get('scenario'))} | {_name(s.get('job'))} | {s.get('plans_tried', 0)} "
             f"| {lost} | {_name(s.get('failing_plan'))} |"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from .extras import require
-from .report import number
+from ..extras import require
+from .document import number
 
 matplotlib = require("matplotlib", "html", "the report's plots")
 matplotlib.use("Agg", force=False)  # a script that already chose a backend keeps it

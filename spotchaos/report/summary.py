@@ -1,8 +1,21 @@
-"""Plain-text lines for a scenario's figures (terminal summary); no pytest here."""
+"""How a scenario is worded wherever it is shown (terminal, Markdown, HTML, comparison): its verdict
+word, its lost steps, and plain-text lines for its figures. No pytest here."""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def verdict_word(scenario: dict[str, Any]) -> str:
+    """``pass``, ``fail`` (a verdict broke) or ``error`` (it could not be judged, or was interrupted)."""
+    if scenario.get("passed"):
+        return "pass"
+    return "error" if scenario.get("error") else "fail"
+
+
+def lost_steps(scenario: dict[str, Any]) -> int:
+    """Steps recomputed after resumes, over every run of the scenario."""
+    return sum(run.get("lost_steps", 0) for run in scenario.get("runs", []))
 
 
 def figure_lines(figures: dict[str, Any]) -> list[str]:
