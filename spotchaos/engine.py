@@ -234,6 +234,8 @@ def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]
             not_reached.append(f"{planned} (attempt {index}): training finished in attempt {len(attempts) - 1}")
         elif attempt.fault is not None:
             continue
+        elif not attempt.steps and attempt.final is not None:  # resumed after the last step: nothing to preempt
+            not_reached.append(f"{planned} (attempt {index}): no training was left when it started")
         elif planned.fault == "crash":
             unfired.append(
                 f"{planned} never fired: attempt {index} made fewer than {planned.at_step} file-system events "

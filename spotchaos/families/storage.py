@@ -127,7 +127,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
     torn, size = saves[1]["step"], saves[1]["bytes"]
     rate = max(size / UPLOAD_SECONDS, 1024.0)
     plan = Plan((Preemption(torn, "sigkill"),))
-    from .storage import Bandwidth
+    from ..storage import Bandwidth
 
     workdir = core.next_dir(f"{job.name}-torn-upload")
     try:
@@ -189,7 +189,7 @@ def check_storage_refusal(
     restart handed other credentials (a :class:`CredentialSwap`, refused by moto's own IAM);
     the restart must fail. Returns the figures for the report.
     """
-    from .storage import CredentialSwap
+    from ..storage import CredentialSwap
 
     _require_s3(job)
     steps = core.checkpoint_steps(job)
