@@ -214,6 +214,29 @@ def test_a_planned_fault_that_never_fired_fails_naming_it(runner, script):
 
 
 @pytest.mark.unit
+@pytest.mark.unit
+def test_a_fault_the_job_could_not_receive_is_not_reached_and_one_it_outran_never_fired():
+    from spotchaos.engine import _unfired
+    from spotchaos.trajectory import Attempt, FaultRecord
+
+    def attempt(index, steps, final=True, fault=None):
+        events = [{"event": "step", "step": s, "loss": "0x1p+0"} for s in steps]
+        events += [{"event": "final", "step": 23, "digests": {}}] if final else []
+        return Attempt(index=index, exit_code=0, wall_seconds=1, start_seconds=0.1, events=events, fault=fault)
+
+    notice = FaultRecord("sigterm", 20, 20, 1.0, 1.0)
+    plan = Plan.parse("sigterm@20,sigterm@0,sigterm@0")
+    # attempt 1 resumed after the last step (nothing to preempt), and there never was an attempt 2
+    unfired, not_reached = _unfired(plan, [attempt(0, range(21), final=False, fault=notice), attempt(1, [])])
+    assert unfired == [] and len(not_reached) == 2
+    assert (
+        "no training was left when it started" in not_reached[0] and "training finished in attempt 1" in not_reached[1]
+    )
+    # the job ran its steps and ended before the planned one: the plan proved nothing
+    unfired, _ = _unfired(Plan.parse("sigterm@99"), [attempt(0, range(24))])
+    assert unfired == ["sigterm@99 never fired: attempt 0 ended after step 23, before step 99"]
+
+
 # superscript two, fullwidth five, Arabic-Indic three: str.isdigit() says yes to each
 @pytest.mark.parametrize("text", ["sigterm@\u00b2", "sigkill@\uff15", "sigkill@\u0663"])
 def test_a_plan_with_non_ascii_digits_is_one_clear_error(text):
