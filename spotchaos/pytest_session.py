@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,13 @@ from .leftovers import LiveJobs
 from .options import RunOptions, resolve
 from .plugin import STATE
 from .processes import children
+from .record import ScenarioRecord, as_reported, note_error
 from .redact import SecretMatcher, find_leaks, redact, secret_values
 from .report import build_report, now_iso, write_json, write_text
 from .report.history import HISTORY_DIR, save_run
 from .report.markdown import render_markdown
 from .report.summary import figure_lines, lost_steps, verdict_word
-from .runner import ChaosRunner, ScenarioRecord
+from .runner import ChaosRunner
 from .safefs import captured_logs, read_text_bounded, rewrite_logs
 from .sanitize import visible
 
@@ -234,14 +235,12 @@ class _Collector:
             return report
         state.in_flight.pop(item.nodeid, None)
         records = []
+        failure = None
+        if report.failed:
+            failure = f"{call.excinfo.typename}: {call.excinfo.value}" if call.excinfo is not None else "it failed"
         for record in item.stash[RECORDS]:
-            data = asdict(record)
-            data["outcome"] = report.outcome
-            if report.failed and data["passed"]:  # the test failed after (or around) the verdict: never shown as a pass
-                data["passed"] = False
-                what = f"{call.excinfo.typename}: {call.excinfo.value}" if call.excinfo is not None else "it failed"
-                data["error"] = f"the test failed after the scenario ran: {what}"
-            data["replay"] = _replay_command(item, state, record.failing_plan)
+            replay = _replay_command(item, state, record.failing_plan)
+            data = as_reported(record, outcome=report.outcome, replay=replay, test_failure=failure)
             records.append(redact(data, state.secrets))  # a job's printed secret stops here, before xdist sends it
         report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
         if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError):
@@ -344,11 +343,8 @@ class _Collector:
         state = self.state
         for records in state.in_flight.values():
             for record in records:
-                data = asdict(record)
-                data["passed"] = False
-                data["error"] = f"interrupted ({state.interrupted or 'stopped'}) while this scenario ran"
-                data["outcome"] = "interrupted"
-                state.scenarios.append(redact(data, state.secrets))
+                note_error(record, f"interrupted ({state.interrupted or 'stopped'}) while this scenario ran")
+                state.scenarios.append(redact(as_reported(record, outcome="interrupted"), state.secrets))
         state.in_flight.clear()
 
     def _scan_for_secrets(self) -> list[str]:

@@ -105,3 +105,12 @@ def note_error(record: ScenarioRecord, message: str) -> None:
     """The scenario could not be judged: an error, never a pass."""
     record.passed = False
     record.error = message
+
+
+def as_reported(record: ScenarioRecord, *, outcome: str, replay: str = "", test_failure: str | None = None) -> dict:
+    """The record as the report carries it, with pytest's outcome and the replay command. A test
+    that failed although its record passed (it failed after the verdict) makes the record an
+    error first: the report never shows a failed test as a pass."""
+    if test_failure is not None and record.passed:
+        note_error(record, f"the test failed after the scenario ran: {test_failure}")
+    return {**asdict(record), "outcome": outcome, "replay": replay}
