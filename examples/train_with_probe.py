@@ -54,6 +54,8 @@ def save(root: Path, step: int, state: dict, keep: int = 2) -> Path:
         json.dump({"state.pt": {"sha256": digest}}, f)
         f.flush()
         os.fsync(f.fileno())
+    if final.exists():  # a checkpoint of this step that failed to verify: the resume rolled back past it
+        shutil.rmtree(final)
     os.rename(tmp, final)
     directory = os.open(root, os.O_RDONLY)
     os.fsync(directory)  # the rename itself is durable
