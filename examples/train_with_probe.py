@@ -51,7 +51,7 @@ def save(root: Path, step: int, state: dict, keep: int = 2) -> Path:
         os.fsync(f.fileno())
     digest = hashlib.sha256((tmp / "state.pt").read_bytes()).hexdigest()
     with open(tmp / "manifest.json", "w") as f:
-        json.dump({"state.pt": {"sha256": digest}}, f)
+        json.dump({"step": step, "state.pt": {"sha256": digest}}, f)
         f.flush()
         os.fsync(f.fileno())
     if final.exists():  # a checkpoint of this step that failed to verify: the resume rolled back past it
@@ -66,14 +66,18 @@ def save(root: Path, step: int, state: dict, keep: int = 2) -> Path:
 
 
 def newest_valid(root: Path, probe: Probe) -> tuple[Path, dict] | None:
-    """The newest checkpoint whose manifest verifies; each one skipped is reported as a rollback."""
+    """The newest checkpoint whose manifest verifies and that holds the step its name says (another
+    step's content under this name is damage too); each one skipped is reported as a rollback."""
     for ckpt in sorted(root.glob("ckpt-*"), reverse=True):
         try:
-            expected = json.loads((ckpt / "manifest.json").read_text())["state.pt"]["sha256"]
+            manifest = json.loads((ckpt / "manifest.json").read_text())
             data = (ckpt / "state.pt").read_bytes()
-            if hashlib.sha256(data).hexdigest() != expected:
+            if hashlib.sha256(data).hexdigest() != manifest["state.pt"]["sha256"]:
                 raise ValueError("digest mismatch")
-            return ckpt, torch.load(ckpt / "state.pt", weights_only=True)  # plain tensors and containers
+            state = torch.load(ckpt / "state.pt", weights_only=True)  # plain tensors and containers
+            if not int(ckpt.name.split("-")[1]) == manifest["step"] == state["step"]:
+                raise ValueError(f"holds step {state['step']}, not the step its name says")
+            return ckpt, state
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             probe.rollback(ckpt.as_uri(), f"{type(exc).__name__}: {exc}")
     return None
