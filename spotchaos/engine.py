@@ -319,7 +319,9 @@ def _run_attempt(
     else:
         reader = EventReader(events_path)
     handle = backend.start(spec)
-    entry = options.live.add(run_id, getattr(handle, "identity", {}))  # for the next pytest, should this one die
+    # written down for the next pytest, should this one die: who runs, and the folder to remove
+    identity = {**getattr(handle, "identity", {}), "scratch": str(scratch) if scratch is not None else None}
+    entry = options.live.add(run_id, identity)
     watch = _AttemptWatch(job, handle, reader, None if crash_at is not None else preemption, options.preempt_when)
     orphans: list[int] = []
     escaped: list[str] = []

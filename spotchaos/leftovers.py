@@ -2,10 +2,11 @@
 
 Every attempt of a job is written down while it runs, under the pytest process that started it
 (``<tmp>/spotchaos-<uid>/live/<pid>-<start time>/``): a local job by its leader's pid and start
-time plus the run's marker variable, a container by its id. Cleanup removes the entry. If
+time plus the run's marker variable, a container by its id, with the attempt's temporary folder.
+Cleanup removes the entry. If
 pytest is SIGKILLed (an OOM kill, a CI runner that gives up) its entries stay; the next
 ``--spotchaos`` session, on any backend, finds entries whose pytest process is gone and ends
-exactly those processes and containers, never anything matched by name.
+exactly those processes, containers and folders, never anything matched by name.
 """
 
 from __future__ import annotations
@@ -91,7 +92,21 @@ def _end_entry(entry: dict[str, Any], owner: str) -> list[str]:
     container = entry.get("container")
     if isinstance(container, str) and container:
         ended += _remove_container(container, owner)
+    scratch = entry.get("scratch")
+    if isinstance(scratch, str) and _is_scratch(Path(scratch)):
+        shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links inside are removed, never followed
+        ended.append(f"temporary folder {scratch}, left by {owner}")
     return ended
+
+
+def _is_scratch(path: Path) -> bool:
+    """Only an attempt's own temporary folder (``$TMPDIR/spotchaos-tmp-*``, a real folder) is removed."""
+    return (
+        path.parent == Path(tempfile.gettempdir())
+        and path.name.startswith("spotchaos-tmp-")
+        and path.is_dir()
+        and not path.is_symlink()
+    )
 
 
 def _remove_container(container: str, owner: str) -> list[str]:

@@ -266,6 +266,8 @@ SLOW_PROJECT = {
         daemon = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
         with open(os.path.join(here, "pids"), "w") as f:
             f.write(f"{os.getpid()} {daemon.pid}")
+        with open(os.path.join(here, "tmpdir"), "w") as f:
+            f.write(os.environ["TMPDIR"])
         probe = Probe.from_env()
         probe.start()
         for step in range(600):
@@ -354,6 +356,8 @@ def test_after_a_sigkill_of_pytest_the_next_session_ends_what_it_left(tmp_path):
         while (is_alive(job) or is_alive(daemon)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not is_alive(job) and not is_alive(daemon), "a process the dead session left is still running"
+        scratch = Path((project / "tmpdir").read_text())
+        assert scratch.name.startswith("spotchaos-tmp-") and not scratch.exists(), "its temporary folder is left"
     finally:
         for pid in (job, daemon):
             if is_alive(pid):
