@@ -242,11 +242,15 @@ class LogEventReader:
         if exit_code != 0:
             return
         digests: dict[str, str] = {}
+        stored = None
         if self.spec.final_weights is not None:
             path = self.checkpoint_dir / self.spec.final_weights
-            digests = final_digests(path, self.spec, self.job, self.confined, self.checkpoint_dir)
-        # a restart with nothing left to train prints no step: the final step is the previous one's
-        step = self._last_step if self._last_step is not None else -1
+            digests, stored = final_state(path, self.spec, self.job, self.confined, self.checkpoint_dir)
+        # A restart with nothing left to train prints no step: its final step is the last one the
+        # final checkpoint holds (steps completed - 1), so the verdict sees where it resumed.
+        step = self._last_step
+        if step is None:
+            step = stored - 1 if stored is not None else -1
         self.events.append(self._event("final", step=step, digests=digests))
 
     def close(self) -> None:
@@ -259,13 +263,16 @@ class LogEventReader:
         self._lines.close()
 
 
-def final_digests(
+def final_state(
     path: Path, spec: LogSpec, job: str, confined: ConfinedLoad | None = None, root: Path | None = None
-) -> dict[str, str]:
-    """Per-tensor digests of the state dict in ``path`` (under ``spec.final_key``, if given)."""
+) -> tuple[dict[str, str], int | None]:
+    """Per-tensor digests of the state dict in ``path`` (under ``spec.final_key``, if given), and the
+    steps completed it stores (``checkpoint_step_key``; None without one), read in one load."""
     where = f"job {job!r}: {spec.where}.final_weights"
     try:
-        summary = read_checkpoint(path, None, spec.final_key, confined, path.parent if root is None else root)
+        summary = read_checkpoint(
+            path, spec.checkpoint_step_key, spec.final_key, confined, path.parent if root is None else root
+        )
     except FileNotFoundError:
         raise JobError(f"{where}: {path} does not exist after a clean exit") from None
     except JobError as exc:
@@ -279,4 +286,4 @@ def final_digests(
         raise JobError(
             f"job {job!r}: {path.name} holds a {summary.get('holds') or 'value'}, not a state dict: set final_key"
         )
-    return summary["digests"]
+    return summary["digests"], summary.get("step")

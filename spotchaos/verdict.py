@@ -150,6 +150,8 @@ def _resume_points(attempts: list[Attempt]) -> dict[int, int | None]:
             points[attempt.index] = resumes[0]["from_step"]
         elif attempt.index > 0 and attempt.steps:
             points[attempt.index] = attempt.steps[0].step - 1
+        elif attempt.index > 0 and attempt.final is not None and attempt.final["step"] >= 0:
+            points[attempt.index] = attempt.final["step"]  # nothing was left to train: it resumed after the last step
         else:
             points[attempt.index] = None
     return points

@@ -39,6 +39,13 @@ def test_correct_script_passes_and_says_how_exact_the_comparison_was(runner):
     )
 
 
+def test_a_restart_with_no_steps_left_resumed_after_the_last_step_not_from_scratch(runner):
+    """SIGTERM at the last step: the script saves after it and exits; the restart has nothing left to
+    train and prints nothing. Its final checkpoint says where it stood, so no work is called lost."""
+    verdict = runner.check(plain_job(), Plan.parse("sigterm@19"))
+    assert verdict.passed, verdict.message()
+
+
 def test_script_that_forgets_its_rng_state_fails_with_a_hint_naming_rng_state(runner):
     with pytest.raises(ChaosFailure) as failure:
         runner.check(plain_job("plain_train_no_rng"), Plan.parse("sigterm@8"))
