@@ -238,7 +238,7 @@ def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]
             not_reached.append(f"{planned} (attempt {index}): no training was left when it started")
         elif planned.fault == "crash":
             unfired.append(
-                f"{planned} never fired: attempt {index} made fewer than {planned.at_step} file-system events "
+                f"{planned} never fired: attempt {index} made fewer than {planned.fs_event} file-system events "
                 "under its checkpoint directory (crash@N counts those events, not steps)"
             )
         else:
@@ -318,7 +318,12 @@ def _run_attempt(
         reader = LogEventReader(log_path, job.log, checkpoints, job.name, confined)
     else:
         reader = EventReader(events_path)
-    handle = backend.start(spec)
+    try:
+        handle = backend.start(spec)
+    except BaseException:  # never started: its temporary folder goes now, not with a cleanup that never runs
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
     # written down for the next pytest, should this one die: who runs, and the folder to remove
     identity = {**getattr(handle, "identity", {}), "scratch": str(scratch) if scratch is not None else None}
     entry = options.live.add(run_id, identity)
@@ -431,12 +436,11 @@ def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
 
 def _durable_checkpoints(attempts: list[Attempt], root: Path) -> list[tuple[int, Path]]:
     """(step, path) of every checkpoint the run reported durable that still exists inside ``root``,
-    oldest first. Anything outside the run's own directory is never a target.
+    oldest first (``root`` is absolute). Anything outside the run's own directory is never a target.
 
     A reported path is normalised as text, never resolved: resolving would follow the links the
     job made (``ckpt-5 -> /home/user``) and take their targets for checkpoints."""
     found: dict[Path, int] = {}
-    base = Path(os.path.abspath(root))
     for attempt in attempts:
         for event in attempt.of_kind("checkpoint"):
             parsed = urlparse(event["uri"])
@@ -448,11 +452,11 @@ def _durable_checkpoints(attempts: list[Attempt], root: Path) -> list[tuple[int,
             if (
                 parsed.scheme not in ("", "file")
                 or not path.is_absolute()
-                or not path.is_relative_to(base)
-                or path == base
+                or not path.is_relative_to(root)
+                or path == root
             ):
                 raise OutsideCheckpoint(
-                    f"the job reported checkpoint {event['uri']} outside the run's own directory {base.as_uri()} "
+                    f"the job reported checkpoint {event['uri']} outside the run's own directory {root.as_uri()} "
                     "(SPOTCHAOS_CHECKPOINT_URI): spotchaos damages only checkpoints its run created, so it refuses"
                 )
             found[path] = event["step"]
@@ -465,10 +469,11 @@ class OutsideCheckpoint(JobError):
 
 def damage_newest(fault_name: str, pick: float, attempts: list[Attempt], root: Path) -> Damage:
     """Apply a checkpoint fault to the newest durable checkpoint of this run, between attempts."""
+    root = Path(os.path.abspath(root))  # once, as text: never resolved (that would follow the job's links)
     durable = _durable_checkpoints(attempts, root)
     if not durable:
         return Damage(fault_name, "", applied=False, detail="no durable checkpoint yet")
-    checkpoints = CheckpointSet(tuple(path for _, path in durable), Path(os.path.abspath(root)))
+    checkpoints = CheckpointSet(tuple(path for _, path in durable), root)
     checkpoints.verify()  # UnsafeCheckpoint: a link or a special file in it, and nothing is touched
     try:
         damage = CHECKPOINT_FAULTS[fault_name].apply(checkpoints, pick)

@@ -235,19 +235,20 @@ class _Collector:
             return report
         state.in_flight.pop(item.nodeid, None)
         records = []
+        matcher = SecretMatcher(state.secrets)  # built once per report: every record and the message use it
         failure = None
         if report.failed:
             failure = f"{call.excinfo.typename}: {call.excinfo.value}" if call.excinfo is not None else "it failed"
         for record in item.stash[RECORDS]:
             replay = _replay_command(item, state, record.failing_plan)
             data = as_reported(record, outcome=report.outcome, replay=replay, test_failure=failure)
-            records.append(redact(data, state.secrets))  # a job's printed secret stops here, before xdist sends it
+            records.append(redact(data, matcher))  # a job's printed secret stops here, before xdist sends it
         report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
         if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError):
             notes = getattr(call.excinfo.value, "__notes__", [])
             replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
             text = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
-            report.longrepr = visible(redact(text, state.secrets))  # the terminal and JUnit XML show it
+            report.longrepr = visible(redact(text, matcher))  # the terminal and JUnit XML show it
         return report
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
