@@ -58,6 +58,9 @@ class JobSpec:
     container: ContainerSpec | None = None  # None: a local process group (the subprocess backend)
     log: LogSpec | None = None  # read steps from printed output instead of probe events
     resume_args: tuple[str, ...] = ()  # appended to command on restarts ("--resume", "init_from=resume")
+    # a glob under the checkpoint directory: a restart resumes (resume_args, resume_command) only
+    # when something matches it, else it starts fresh, for scripts whose resume flag fails without one
+    resume_if_exists: str | None = None
     parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
     storage: str = "local"  # "s3": checkpoints go to s3://<fresh bucket>/ckpt on the harness's moto
     source: str = "python"
@@ -90,6 +93,16 @@ class JobSpec:
             value = getattr(self.cost, key)
             if value is not None:
                 _check_number(value, self.where(f"cost.{key}"), "a price", -1e-12, MAX_PRICE)
+        if self.resume_if_exists is not None and (
+            not isinstance(self.resume_if_exists, str)
+            or not self.resume_if_exists
+            or self.resume_if_exists.startswith("/")
+            or ".." in self.resume_if_exists
+        ):
+            raise ConfigError(
+                f"{self.where('resume_if_exists')}: must be a glob under the checkpoint directory, "
+                f"got {self.resume_if_exists!r}"
+            )
         steps = self.cost.production_steps
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
             raise ConfigError(f"{self.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
@@ -128,6 +141,7 @@ class JobSpec:
             "command": self.command,
             "resume": self.resume_command,
             "resume_args": self.resume_args,
+            "resume_if_exists": self.resume_if_exists,
             "env": self.env,
             "cwd": self.cwd,
             "log": self.log.describe() if self.log else None,
@@ -180,6 +194,7 @@ _JOB_KEYS = {
     "container",
     "log",
     "resume_args",
+    "resume_if_exists",
     "parametrize",
     "storage",
     *_NUMBER_KEYS,
@@ -280,6 +295,8 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         kwargs["parametrize"] = table["parametrize"]
     if "resume_args" in table:
         kwargs["resume_args"] = _command(table["resume_args"], where("resume_args"))
+    if "resume_if_exists" in table:
+        kwargs["resume_if_exists"] = table["resume_if_exists"]
     resume = table.get("resume_command")
     return JobSpec(
         name=name,

@@ -16,8 +16,9 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from .backends import Backend, Handle, LaunchSpec, SubprocessBackend
@@ -27,10 +28,11 @@ from .errors import JobError
 from .events import EventReader
 from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
 from .leftovers import LiveJobs
-from .logadapter import LogEventReader
+from .logadapter import LogEventReader, StepConvention
 from .plan import Plan, Preemption
 from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_RUN_ID
 from .processes import end_marked
+from .restarts import diagnose
 from .safefs import UnsafeFile, read_text_bounded
 from .trajectory import Attempt, FaultRecord, RunRecord
 
@@ -56,6 +58,12 @@ class EngineOptions:
     preempt_when: Callable[[], bool] | None = None
     # where running attempts are written down, so a later pytest ends them if this one dies
     live: LiveJobs = field(default_factory=LiveJobs)
+    # how a log-adapter job counts its steps, learned from its uninterrupted run; None: this run
+    # is the uninterrupted one, and learns it (RunRecord.convention)
+    convention: StepConvention | None = None
+    # a restart that fails before its first step is a verdict on the plan (a torn checkpoint, a
+    # resume flag with nothing to resume), not an error; off where a family expects the failure
+    judge_restarts: bool = False
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -185,20 +193,28 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         raise JobError(f"{job.where('cwd')}: directory {cwd} does not exist")
     started = time.monotonic()
     attempts: list[Attempt] = []
+    learned: dict[str, Any] | None = None
     for index in range(len(plan.preemptions) + 1):
         preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
         if index > 0 and options.before_restart is not None:
             swapped = options.before_restart(index)  # e.g. the storage refuses the restarted job's credentials
             if swapped:
                 options = replace(options, extra_env=(*options.extra_env, *swapped.items()))
-        attempt = _run_attempt(job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options)
+        previous = attempts[-1] if attempts else None
+        attempt, convention = _run_attempt(
+            job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous
+        )
         attempts.append(attempt)
+        if convention is not None and learned is None:
+            learned = {**asdict(convention), **convention.describe(job.log)}
         log.info("job %s, plan %s, attempt %d: %s", job.name, plan, index, _attempt_line(attempt))
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
     unfired, not_reached = _unfired(plan, attempts)
+    if learned is None and options.convention is not None and job.log is not None:
+        learned = {**asdict(options.convention), **options.convention.describe(job.log)}
     log.info("job %s, plan %s: %d attempt(s) in %.1f s", job.name, plan, len(attempts), time.monotonic() - started)
     return RunRecord(
         job=job.name,
@@ -208,6 +224,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         workdir=str(workdir),
         unfired=unfired,
         not_reached=not_reached,
+        convention=learned,
     )
 
 
@@ -232,8 +249,8 @@ def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]
         attempt = attempts[index] if index < len(attempts) else None
         if attempt is None:
             not_reached.append(f"{planned} (attempt {index}): training finished in attempt {len(attempts) - 1}")
-        elif attempt.fault is not None:
-            continue
+        elif attempt.fault is not None or attempt.failed_restart:
+            continue  # fired; or the attempt failed to restart, which the verdict says instead
         elif not attempt.steps and attempt.final is not None:  # resumed after the last step: nothing to preempt
             not_reached.append(f"{planned} (attempt {index}): no training was left when it started")
         elif planned.fault == "crash":
@@ -263,7 +280,9 @@ def _run_attempt(
     run_id: str,
     backend: Backend,
     options: EngineOptions,
-) -> Attempt:
+    previous: Attempt | None = None,
+) -> tuple[Attempt, StepConvention | None]:
+    """One attempt, and the step convention it learned (a log-adapter job's uninterrupted run)."""
     folder = workdir / f"attempt-{index}"
     try:
         folder.mkdir()
@@ -296,7 +315,8 @@ def _run_attempt(
     env.update(dict(options.extra_env))
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
     # an output directory writes where the harness works on copies.
-    argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(checkpoints)) for a in job.argv(resume=index > 0))
+    resume = index > 0 and (job.resume_if_exists is None or any(checkpoints.glob(job.resume_if_exists)))
+    argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(checkpoints)) for a in job.argv(resume=resume))
     spec = LaunchSpec(
         argv=argv,
         env=env,
@@ -315,7 +335,7 @@ def _run_attempt(
         confined = ConfinedLoader(
             backend, in_container=job.container is not None, env=quiet, cwd=cwd, folder=folder, writable=spec.writable
         )
-        reader = LogEventReader(log_path, job.log, checkpoints, job.name, confined)
+        reader = LogEventReader(log_path, job.log, checkpoints, job.name, confined, options.convention)
     else:
         reader = EventReader(events_path)
     try:
@@ -354,6 +374,9 @@ def _run_attempt(
                 f"{job.log.pattern!r}; its last lines:\n{_last_lines(_tail(stream))}"
             )
         reader.finish(watch.exit_code)
+    learned = None
+    if isinstance(reader, LogEventReader) and reader.learning and watch.exit_code == 0:
+        learned = reader.learn()  # the uninterrupted run: how the script counts its steps
     if reader.torn_tail and watch.fault is None:
         raise JobError(
             f"job {job.name!r} left an unfinished event line in {events_path.name}: "
@@ -374,9 +397,11 @@ def _run_attempt(
     )
     if crash_at is not None:
         attempt.fault = _crash_record(crash_at, attempt, folder / FS_EVENTS)
-    if attempt.fault is None:
+    if attempt.fault is None and previous is not None and attempt.exit_code != 0 and options.judge_restarts:
+        attempt.failed_restart = diagnose(job, attempt, previous, checkpoints, list(argv) if resume else None)
+    elif attempt.fault is None:
         _check_unprovoked_exit(job, attempt)
-    return attempt
+    return attempt, learned
 
 
 def read_fs_events(path: Path) -> list[dict]:

@@ -14,23 +14,37 @@ compared; a bit-exact claim needs the probe or the weights digest.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import stat
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .checkpoint_reader import ConfinedLoad, NeedsFullUnpickle, read_checkpoint
 from .errors import ConfigError, JobError
 from .events import Event, LineReader
+from .extras import require
 
 STREAMS = ("stdout", "stderr")
 SCAN_SECONDS = 0.02  # checkpoint files are looked for at most this often (the engine polls every 3 ms)
-DEFAULT_PATTERN = r"step (?P<step>\d+)\D+?loss[:= ]+(?P<loss>[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
+# "step 12 loss 0.5", "step 12: loss=0.5", "iter 12: loss 0.5, time 3 ms": the step and the first
+# loss after it. Two kinds of line that both match (nanoGPT's eval "step N: train loss" and its
+# "iter N: loss") make the default refuse to guess: see LogEventReader.
+DEFAULT_PATTERN = rf"\b(?:step|iter(?:ation)?)[ :=#]*(?P<step>\d+)\D+?loss[:= ]+(?P<loss>{_NUMBER})"
+ROLLBACK_REASON_CHARS = 200
+# What checkpoint_step_key may hold, as its distance from the 0-based index of the last step the
+# checkpoint contains, for a script whose printed steps start at ``first``.
+CHECKPOINT_STEP_MEANINGS = {
+    "completed": lambda first: 1,  # the number of steps done
+    "last": lambda first: first,  # the printed number of the last step done
+    "next": lambda first: first + 1,  # the printed number of the step to run next
+}
 
 
 @dataclass(frozen=True)
@@ -38,35 +52,70 @@ class LogSpec:
     pattern: str = DEFAULT_PATTERN
     stream: str = "stdout"
     checkpoints: str | None = None  # glob under the run's checkpoint directory, e.g. "*.pt"
-    final_weights: str | None = None  # path under the checkpoint directory, e.g. "ckpt.pt"
+    # path (or glob: the newest match) under the checkpoint directory, e.g. "ckpt.pt", "ckpt_*.pt"
+    final_weights: str | None = None
     final_key: str | None = None  # the key holding the state dict ("model"); None: the file is one
-    # The key in a checkpoint holding the number of steps completed. Without it a checkpoint is
-    # credited to the last step printed before the file was seen, which a fast script may already
-    # have passed; with it the harness loads the file and knows.
+    # The key in a checkpoint holding its step. Without it a checkpoint is credited to the last
+    # step printed before the file was seen, which a fast script may already have passed; with it
+    # the harness loads the file and knows.
     checkpoint_step_key: str | None = None
+    # What that key holds ("completed", "last", "next") and the printed number of the first step
+    # (0 or 1): None learns them from the uninterrupted run (see StepConvention).
+    checkpoint_step: str | None = None
+    first_step: int | None = None
+    # Files that must exist beside a checkpoint before it counts as durable, as templates of its
+    # name: "{name}.sha256" for a script that trusts a checkpoint once its digest is written.
+    checkpoint_complete: tuple[str, ...] = ()
+    # A line the script prints when it skips a checkpoint that does not verify (its rollback); a
+    # named group "path" may name the skipped file.
+    rollback_pattern: str | None = None
     where: str = "log"
 
     def __post_init__(self) -> None:
-        try:
-            compiled = re.compile(self.pattern)
-        except re.error as exc:
-            raise ConfigError(f"{self.where}.pattern: {self.pattern!r} is not a regular expression: {exc}") from None
+        compiled = _compiled(self.pattern, f"{self.where}.pattern")
         missing = [g for g in ("step", "loss") if g not in compiled.groupindex]
         if missing:
             raise ConfigError(
                 f"{self.where}.pattern: {self.pattern!r} has no named group {' or '.join(repr(g) for g in missing)}: "
                 "write (?P<step>\\d+) and (?P<loss>[-0-9.e+]+) where the step and the loss are printed"
             )
+        if self.rollback_pattern is not None:
+            _compiled(self.rollback_pattern, f"{self.where}.rollback_pattern")
         if self.stream not in STREAMS:
             raise ConfigError(f"{self.where}.stream: must be stdout or stderr, got {self.stream!r}")
         for key in ("checkpoints", "final_weights"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or value.startswith("/") or ".." in value):
                 raise ConfigError(f"{self.where}.{key}: must be a path under the checkpoint directory, got {value!r}")
+        if self.checkpoint_step is not None and self.checkpoint_step not in CHECKPOINT_STEP_MEANINGS:
+            raise ConfigError(
+                f"{self.where}.checkpoint_step: must be one of {', '.join(map(repr, CHECKPOINT_STEP_MEANINGS))} "
+                f"(what checkpoint_step_key holds), got {self.checkpoint_step!r}"
+            )
+        if self.checkpoint_step is not None and self.checkpoint_step_key is None:
+            raise ConfigError(f"{self.where}.checkpoint_step: says what checkpoint_step_key holds; set that key too")
+        if self.first_step is not None and (isinstance(self.first_step, bool) or self.first_step not in (0, 1)):
+            raise ConfigError(
+                f"{self.where}.first_step: the printed number of the first step, 0 or 1, got {self.first_step!r}"
+            )
+        for template in self.checkpoint_complete:
+            if not isinstance(template, str) or ("{name}" not in template and "{stem}" not in template):
+                raise ConfigError(
+                    f"{self.where}.checkpoint_complete: {template!r} must name a file beside the checkpoint "
+                    "through {name} (its file name) or {stem} (without the suffix), e.g. '{name}.sha256'"
+                )
+            if "/" in template or ".." in template:
+                raise ConfigError(f"{self.where}.checkpoint_complete: {template!r} must name a file in the same folder")
+        if self.checkpoint_complete and self.checkpoints is None:
+            raise ConfigError(f"{self.where}.checkpoint_complete: needs checkpoints (the glob it completes)")
 
     @property
     def regex(self) -> re.Pattern[str]:
         return re.compile(self.pattern)
+
+    @property
+    def default_pattern(self) -> bool:
+        return self.pattern == DEFAULT_PATTERN
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -76,20 +125,105 @@ class LogSpec:
             "final_weights": self.final_weights,
             "final_key": self.final_key,
             "checkpoint_step_key": self.checkpoint_step_key,
+            "checkpoint_step": self.checkpoint_step,
+            "first_step": self.first_step,
+            "checkpoint_complete": list(self.checkpoint_complete),
+            "rollback_pattern": self.rollback_pattern,
         }
+
+    def companions(self, path: Path) -> list[Path]:
+        """The files that must exist beside ``path`` before it counts as a durable checkpoint."""
+        return [path.with_name(t.format(name=path.name, stem=path.stem)) for t in self.checkpoint_complete]
+
+
+def _compiled(pattern: str, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except (re.error, TypeError) as exc:
+        raise ConfigError(f"{where}: {pattern!r} is not a regular expression: {exc}") from None
+
+
+_LOG_KEYS = {
+    "pattern": str,
+    "stream": str,
+    "checkpoints": str,
+    "final_weights": str,
+    "final_key": str,
+    "checkpoint_step_key": str,
+    "checkpoint_step": str,
+    "first_step": int,
+    "checkpoint_complete": list,
+    "rollback_pattern": str,
+}
 
 
 def log_from_mapping(table: Any, where: str) -> LogSpec:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table")
-    known = {"pattern", "stream", "checkpoints", "final_weights", "final_key", "checkpoint_step_key"}
-    unknown = sorted(set(table) - known)
+    unknown = sorted(set(table) - set(_LOG_KEYS))
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
-    for key, value in table.items():
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}.{key}: must be a string, got {value!r}")
-    return LogSpec(**table, where=where)
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(_LOG_KEYS))})")
+    values = dict(table)
+    if isinstance(values.get("checkpoint_complete"), str):
+        values["checkpoint_complete"] = [values["checkpoint_complete"]]
+    for key, value in values.items():
+        kind = _LOG_KEYS[key]
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or (kind is list and not all(isinstance(v, str) for v in value))
+        ):
+            wanted = {str: "a string", int: "an integer", list: "a string or a list of strings"}[kind]
+            raise ConfigError(f"{where}.{key}: must be {wanted}, got {value!r}")
+    if "checkpoint_complete" in values:
+        values["checkpoint_complete"] = tuple(values["checkpoint_complete"])
+    return LogSpec(**values, where=where)
+
+
+@dataclass(frozen=True)
+class StepConvention:
+    """How a script counts: the printed number of its first step, and what its checkpoint's step
+    key holds (its distance from the 0-based index of the last step the checkpoint contains).
+
+    Scripts differ (``step 1`` or ``step 0`` first; a stored ``step`` that counts steps done or
+    names the next one), and a wrong guess turns every checkpoint one step early or late: a red
+    build on a correct script. So the uninterrupted run teaches it (see ``LogEventReader.learn``),
+    an explicit setting overrides it, and the report says which.
+    """
+
+    first_step: int = 0
+    key_offset: int | None = 1  # None: no step key, a checkpoint is credited to the last printed step
+    learned_from: str = "the defaults"
+
+    def describe(self, spec: LogSpec) -> dict[str, Any]:
+        meaning = None
+        if self.key_offset is not None:
+            names = [n for n, f in CHECKPOINT_STEP_MEANINGS.items() if f(self.first_step) == self.key_offset]
+            meaning = " = ".join(names)
+        return {
+            "first_step": self.first_step,
+            "checkpoint_step_key": spec.checkpoint_step_key,
+            "checkpoint_step": meaning,
+            "learned_from": self.learned_from,
+            "text": self.text(spec),
+        }
+
+    def text(self, spec: LogSpec) -> str:
+        said = f"steps printed from {self.first_step}"
+        if self.key_offset is not None:
+            described = {
+                self.first_step: "the printed number of the last step it holds",
+                self.first_step + 1: "the printed number of the step to run next",
+                1: "the number of steps completed",
+            }
+            said += f"; checkpoint key {spec.checkpoint_step_key!r} holds {described[self.key_offset]}"
+        return f"{said} ({self.learned_from})"
+
+
+def convention_from_dict(data: dict[str, Any] | None) -> StepConvention | None:
+    if data is None:
+        return None
+    return StepConvention(data["first_step"], data["key_offset"], data["learned_from"])
 
 
 def significant_digits(text: str) -> int:
@@ -103,11 +237,19 @@ class LogEventReader:
     """Turns a script's output and checkpoint files into contract events, incrementally.
 
     Same surface as :class:`spotchaos.events.EventReader` (``read_new``, ``events``,
-    ``torn_tail``, ``close``), plus ``finish`` for the final weights once the script exits 0.
+    ``torn_tail``, ``close``), plus ``finish`` for the final weights once the script exits 0 and
+    ``learn`` for the uninterrupted run, which teaches the script's step convention. Steps in the
+    events count from 0 whatever the script prints.
     """
 
     def __init__(
-        self, log_path: Path, spec: LogSpec, checkpoint_dir: Path, job: str, confined: ConfinedLoad | None = None
+        self,
+        log_path: Path,
+        spec: LogSpec,
+        checkpoint_dir: Path,
+        job: str,
+        confined: ConfinedLoad | None = None,
+        convention: StepConvention | None = None,
     ) -> None:
         self.path = log_path
         self.confined = confined  # reads a checkpoint that needs a full unpickle, in the job's confinement
@@ -115,17 +257,29 @@ class LogEventReader:
         self.checkpoint_dir = checkpoint_dir
         self.job = job
         self.events: list[Event] = []
+        # None: this is the uninterrupted run, which learns the convention (checked harder, too)
+        self.learning = convention is None
+        offset = CHECKPOINT_STEP_MEANINGS[spec.checkpoint_step](spec.first_step or 0) if spec.checkpoint_step else 1
+        self.convention = convention or StepConvention(spec.first_step or 0, offset)
         self._regex = spec.regex
+        self._rollback = re.compile(spec.rollback_pattern) if spec.rollback_pattern else None
         self._lines = LineReader(log_path, f"{spec.stream} log")
         self._seen_files: dict[Path, tuple[int, int]] = {}
         self._unreadable: dict[Path, tuple[int, int]] = {}  # not whole yet at this (mtime, size): not read again
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotchaos-confined-read")
-        self._pending: list[tuple[Path, int, Future]] = []  # checkpoints being read in the job's confinement
+        self._pending: list[tuple[Path, int, int, Future]] = []  # checkpoints being read in the job's confinement
         self._scanned_at = 0.0
-        self._last_step: int | None = None
+        self._last_step: int | None = None  # 0-based
+        self._printed_first: int | None = None
+        self._families: dict[str, str] = {}  # the default pattern's kinds of matched line -> an example
         self._started = False
+        self.final_stored: int | None = None  # the step key of the final weights' file
         self.digits: int | None = None  # the fewest significant digits any compared loss had
         self.torn_tail = b""  # printed text has no torn events: a half line is just not a step yet
+        if spec.checkpoint_step_key is not None or spec.final_weights is not None:
+            # torch's first import takes seconds: done now, before the job starts, not at its first
+            # checkpoint, while the job runs on and rotates that checkpoint away unseen
+            require("torch", "torch", "reading a log-adapter job's checkpoints")
 
     def read_new(self) -> list[Event]:
         new: list[Event] = []
@@ -139,12 +293,14 @@ class LogEventReader:
         return {"event": kind, "t": time.time(), "rank": 0, **fields}
 
     def _line(self, line: str) -> list[Event]:
+        if self._rollback is not None and (rolled := self._rollback.search(line)) is not None:
+            return [self._rollback_event(line, rolled)]
         found = self._regex.search(line)
         if found is None:
             return []
         step_text, loss_text = found.group("step"), found.group("loss")
         try:
-            step = int(step_text)
+            printed = int(step_text)
         except (TypeError, ValueError):
             raise JobError(
                 f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its step group "
@@ -157,6 +313,8 @@ class LogEventReader:
                 f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its loss group "
                 f"{loss_text!r} does not parse as a number"
             ) from None
+        if self.learning:
+            self._check_line(line, found, printed)
         events = []
         if not self._started:
             self._started = True
@@ -164,9 +322,68 @@ class LogEventReader:
         if math.isfinite(loss):
             digits = significant_digits(loss_text)
             self.digits = digits if self.digits is None else min(self.digits, digits)
+        step = printed - self.convention.first_step
         self._last_step = step
         events.append(self._event("step", step=step, loss=loss.hex(), printed=loss_text))
         return events
+
+    def _check_line(self, line: str, found: re.Match[str], printed: int) -> None:
+        """The uninterrupted run must print one matching line per step, counted from 0 or 1, and
+        the default pattern must not be matching two kinds of line: every other judgment rests on it."""
+        where = f"job {self.job!r}: {self.spec.where}.pattern"
+        if self.spec.default_pattern:
+            family = re.sub(_NUMBER, "#", found.group(0))
+            self._families.setdefault(family, line.strip()[:120])
+            if len(self._families) > 1:
+                examples = "; ".join(repr(e) for e in self._families.values())
+                raise ConfigError(
+                    f"{where}: the default pattern matches two kinds of line ({examples}) and will not guess which "
+                    "one is the training step: set log.pattern to the line printed once per step, e.g. "
+                    r"'iter (?P<step>\d+): loss (?P<loss>[-+0-9.eE]+|nan|inf)'"
+                )
+        if self._printed_first is None:
+            self._printed_first = printed
+            if self.spec.first_step is None:
+                if printed not in (0, 1):
+                    raise ConfigError(
+                        f"{where}: the uninterrupted run's first matching line is step {printed} ({line.strip()!r}); "
+                        "spotchaos needs a line for every step, counted from 0 or 1 (set log.first_step if the "
+                        "script counts from 0 or 1 and prints something else first)"
+                    )
+                self.convention = replace(self.convention, first_step=printed)
+            elif printed != self.spec.first_step:
+                raise ConfigError(
+                    f"{where}: log.first_step is {self.spec.first_step} but the uninterrupted run's first step line "
+                    f"is step {printed} ({line.strip()!r})"
+                )
+        elif self._last_step is not None and printed - self.convention.first_step != self._last_step + 1:
+            previous = self._last_step + self.convention.first_step
+            raise ConfigError(
+                f"{where}: the uninterrupted run printed step {printed} right after step {previous} "
+                f"({line.strip()!r}): the pattern must match exactly one line per step (is it matching evaluation "
+                "lines, or does the script log only every few steps? it must log every step)"
+            )
+
+    def _rollback_event(self, line: str, found: re.Match[str]) -> Event:
+        """The script says it skipped a checkpoint that did not verify: the probe's rollback event."""
+        named = found.groupdict().get("path")
+        uri = ""
+        if named:
+            path = Path(named)
+            path = path if path.is_absolute() else self.checkpoint_dir / path
+            uri = Path(os.path.normpath(path)).as_uri()  # as text, never resolved
+        return self._event("rollback", skipped_uri=uri, reason=line.strip()[:ROLLBACK_REASON_CHARS])
+
+    def _complete(self, path: Path) -> bool:
+        """Every companion file the script writes before it trusts the checkpoint is there (a
+        regular file, reached without a link)."""
+        for companion in self.spec.companions(path):
+            try:
+                if not stat.S_ISREG(os.lstat(companion).st_mode):
+                    return False
+            except OSError:
+                return False
+        return True
 
     def _new_checkpoints(self) -> list[Event]:
         """A checkpoint file that appeared or changed since the last poll, after a printed step."""
@@ -185,6 +402,8 @@ class LogEventReader:
             signature = (info.st_mtime_ns, info.st_size)
             if not stat.S_ISREG(info.st_mode) or signature in (self._seen_files.get(path), self._unreadable.get(path)):
                 continue  # a link is never followed: its target, if it is a checkpoint, counts itself
+            if not self._complete(path):
+                continue  # not durable until the script's own marker of a whole checkpoint is written
             if self.spec.checkpoint_step_key is None:
                 self._seen_files[path] = signature
                 events.append(self._checkpoint(path, self._last_step, info.st_size))
@@ -199,7 +418,7 @@ class LogEventReader:
                 # (seconds, with torch) must not stall the engine's polls, its faults and timeouts
                 self._seen_files[path] = signature
                 future = self._pool.submit(self.confined, path, self.spec.checkpoint_step_key, None)
-                self._pending.append((path, info.st_size, future))
+                self._pending.append((path, info.st_size, self._last_step, future))
                 continue
             except Exception:  # torn, still being written, a link in its path: look again once it changes
                 self._unreadable[path] = signature
@@ -208,8 +427,14 @@ class LogEventReader:
                 self._unreadable[path] = signature
                 continue
             self._seen_files[path] = signature
-            events.append(self._checkpoint(path, summary["step"] - 1, info.st_size))
+            events.append(self._stored_checkpoint(path, summary["step"], info.st_size, self._last_step))
         return events
+
+    def _stored_checkpoint(self, path: Path, stored: int, size: int, seen_after: int) -> Event:
+        event = self._checkpoint(path, stored - (self.convention.key_offset or 0), size)
+        event["stored"] = stored  # the raw key: the uninterrupted run learns the convention from it
+        event["seen_after"] = seen_after  # the last step line read when the file was found
+        return event
 
     def _checkpoint(self, path: Path, step: int, size: int) -> Event:
         return self._event(
@@ -224,34 +449,100 @@ class LogEventReader:
     def _confined_results(self, wait: bool = False) -> list[Event]:
         """Checkpoint events for the background reads that have finished (all of them, with ``wait``)."""
         events, still = [], []
-        for path, size, future in self._pending:
+        for path, size, seen_after, future in self._pending:
             if not (wait or future.done()):
-                still.append((path, size, future))
+                still.append((path, size, seen_after, future))
                 continue
             try:
                 step = future.result().get("step")
             except Exception:  # torn, or the helper failed: not a checkpoint
                 step = None
             if step is not None:
-                events.append(self._checkpoint(path, step - 1, size))
+                events.append(self._stored_checkpoint(path, step, size, seen_after))
         self._pending = still
         return events
+
+    def final_path(self) -> Path | None:
+        """The final weights' file: ``final_weights`` itself, or the newest complete file its glob
+        matches (a script that names checkpoints by step), links never among them."""
+        name = self.spec.final_weights
+        if name is None:
+            return None
+        if not any(c in name for c in "*?["):
+            return self.checkpoint_dir / name
+        found = []
+        for path in self.checkpoint_dir.glob(name):
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and self._complete(path):
+                    found.append((info.st_mtime_ns, path.name, path))
+        if not found:
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.final_weights: no complete file matches {name!r} "
+                "after a clean exit"
+            )
+        return max(found)[2]
 
     def finish(self, exit_code: int | None) -> None:
         """After a clean exit: the final event, with the weights' digests when they are configured."""
         if exit_code != 0:
             return
         digests: dict[str, str] = {}
-        stored = None
-        if self.spec.final_weights is not None:
-            path = self.checkpoint_dir / self.spec.final_weights
-            digests, stored = final_state(path, self.spec, self.job, self.confined, self.checkpoint_dir)
+        path = self.final_path()
+        if path is not None:
+            digests, self.final_stored = final_state(path, self.spec, self.job, self.confined, self.checkpoint_dir)
         # A restart with nothing left to train prints no step: its final step is the last one the
-        # final checkpoint holds (steps completed - 1), so the verdict sees where it resumed.
+        # final checkpoint holds, so the verdict sees where it resumed.
         step = self._last_step
         if step is None:
-            step = stored - 1 if stored is not None else -1
+            offset = self.convention.key_offset
+            step = self.final_stored - offset if self.final_stored is not None and offset is not None else -1
         self.events.append(self._event("final", step=step, digests=digests))
+
+    def learn(self) -> StepConvention:
+        """After the uninterrupted run: what the step key holds, from its newest checkpoint (the
+        final weights' file, else the newest one seen) against the last step printed. A script
+        whose final checkpoint holds its last step tells it exactly; the checkpoints seen during
+        the run, re-credited, are then checked against it."""
+        spec = self.spec
+        first = self.convention.first_step
+        said = f"its first step line is step {self._printed_first}"
+        sources = [said + (f" ({spec.where}.first_step)" if spec.first_step is not None else "")]
+        offset = self.convention.key_offset
+        last = -1 if self._last_step is None else self._last_step
+        if spec.checkpoint_step_key is None:
+            offset = None
+        elif spec.checkpoint_step is not None:
+            sources.append(f"{spec.where}.checkpoint_step = {spec.checkpoint_step!r}")
+        else:
+            stored = [e["stored"] for e in self.events if e["event"] == "checkpoint" and "stored" in e]
+            newest = self.final_stored if self.final_stored is not None else max(stored, default=None)
+            candidates = {f(first) for f in CHECKPOINT_STEP_MEANINGS.values()}
+            if newest is None or newest - last not in candidates:
+                raise ConfigError(
+                    f"job {self.job!r}: {spec.where}.checkpoint_step_key {spec.checkpoint_step_key!r}: cannot tell "
+                    f"what it holds: the uninterrupted run's last step line is step {last + first} and its newest "
+                    f"checkpoint holds {newest} (a script that saves after its last step tells; else set "
+                    f"{spec.where}.checkpoint_step to 'completed', 'last' or 'next')"
+                )
+            offset = newest - last
+            _check_not_ahead(self.events, offset, first, self.job, spec)
+            sources.append(
+                f"its newest checkpoint holds {spec.checkpoint_step_key}={newest} after step line {last + first}"
+            )
+        convention = StepConvention(first, offset, "learned from the uninterrupted run: " + "; ".join(sources))
+        self.convention = convention
+        for event in self.events:  # re-credit what was seen while the convention was not known yet
+            if event["event"] != "checkpoint" or "stored" not in event or offset is None:
+                continue
+            event["step"] = event["stored"] - offset
+            if not -1 <= event["step"] <= last:
+                raise ConfigError(
+                    f"job {self.job!r}: {spec.where}.checkpoint_step_key: a checkpoint of the uninterrupted run "
+                    f"holds {spec.checkpoint_step_key}={event['stored']}, which is no step the run printed when "
+                    f"{convention.text(spec)}"
+                )
+        return convention
 
     def close(self) -> None:
         """The attempt is over: one last look for a checkpoint written just before the exit, and
@@ -261,6 +552,25 @@ class LogEventReader:
         self.events.extend(self._confined_results(wait=True))
         self._pool.shutdown(wait=True)
         self._lines.close()
+
+
+def _check_not_ahead(events: list[Event], offset: int, first: int, job: str, spec: LogSpec) -> None:
+    """A reading of the step key under which most checkpoints appeared before the step line of
+    the last step they would hold is wrong: the script saves before it runs that step (nanoGPT
+    saves ``iter_num`` at its evaluation, before the step of that number), so its newest
+    checkpoint does not hold its last step and cannot teach the convention. A script that saves
+    right before printing is seen ahead only when the harness looks in that instant, rarely."""
+    seen = [e for e in events if e["event"] == "checkpoint" and "stored" in e]
+    ahead = [e for e in seen if e["stored"] - offset > e["seen_after"]]
+    if len(ahead) >= 2 and 2 * len(ahead) >= len(seen):
+        key, example = spec.checkpoint_step_key, ahead[0]
+        raise ConfigError(
+            f"job {job!r}: {spec.where}.checkpoint_step_key {key!r}: cannot tell what it holds: read from its newest "
+            f"checkpoint, {len(ahead)} of {len(seen)} checkpoints would hold a step whose line was not printed yet "
+            f"when the file appeared ({key}={example['stored']} after step line {example['seen_after'] + first}): "
+            f"the script saves before it runs the step it names; set {spec.where}.checkpoint_step "
+            "(nanoGPT: 'completed')"
+        )
 
 
 def final_state(

@@ -28,6 +28,7 @@ class RunOptions:
     image: str | None = None  # run every job in this container image
     require_docker: bool = False  # no Docker daemon: fail instead of skipping (always in CI)
     require_gpu: bool = False  # a job asks for GPUs and there are none: fail instead of skipping
+    verbose: bool = False  # pytest -v: a timing-dependent failure also shows hypothesis's own account
 
 
 def resolve(
@@ -45,6 +46,7 @@ def resolve(
     image: str | None = None,
     require_docker: bool = False,
     require_gpu: bool = False,
+    verbose: bool = False,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     if seed is None:
@@ -94,6 +96,7 @@ def resolve(
         # CI must never skip container scenarios for want of a daemon: that would hide a broken setup
         require_docker=require_docker or bool(environ.get("CI")),
         require_gpu=require_gpu,
+        verbose=verbose,
     )
 
 

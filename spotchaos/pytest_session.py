@@ -101,6 +101,7 @@ def start(config: pytest.Config) -> None:
             image=config.getoption("spotchaos_image"),
             require_docker=config.getoption("spotchaos_require_docker"),
             require_gpu=config.getoption("spotchaos_require_gpu"),
+            verbose=config.option.verbose > 0,
             environ=os.environ,
             settings=settings,
         )
@@ -278,8 +279,8 @@ class _Collector:
                 declared = ", ".join(j.name for j in state.settings.jobs) or "none"
                 where = metafunc.definition.nodeid
                 raise pytest.UsageError(f"spotchaos: {where} names jobs {named}; declared: {declared}")
-        else:
-            jobs = [j for j in selected if j.parametrize]
+        else:  # --spotchaos-job names the jobs: every scenario takes them, parametrize or not
+            jobs = [j for j in selected if j.parametrize or state.options.jobs]
         if not jobs and not state.settings.jobs:
             raise pytest.UsageError(
                 "spotchaos: no job to test. Declare one in pyproject.toml:\n"

@@ -59,6 +59,7 @@ def note_run(record: ScenarioRecord | None, plan: Plan, run: RunRecord, verdict:
             "steps": len(reference.steps),
             "start_seconds": reference.attempts[0].start_seconds,
             "memory": reference.memory_peaks(),
+            "convention": reference.convention,  # how a log-adapter script counts its steps, and whence
         }
     if record.passed or not verdict.passed:  # the plots show the last failing run (the minimal plan), else the last
         record.trajectory = {

@@ -94,7 +94,8 @@ class Scenario:
             note_plans(record, 1)
             self.runner.check(job, self._state.options.plan, record)
             return
-        settings = ExploreSettings(max_examples=self._state.options.max_examples, seed=self._seed)
+        options = self._state.options
+        settings = ExploreSettings(max_examples=options.max_examples, seed=self._seed, verbose=options.verbose)
         self.runner.explore(job, plans, settings=settings, record=record)
 
     def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:

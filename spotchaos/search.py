@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, Phase, given, reject
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from .config import JobSpec
 from .errors import ScenarioFailure, SpotchaosError
@@ -29,6 +29,7 @@ PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
 class ExploreSettings:
     max_examples: int = 3
     seed: int | None = None
+    verbose: bool = False  # a failure that did not replay also carries hypothesis's exception group
 
 
 def explore(
@@ -86,6 +87,19 @@ def explore(
         test = hypothesis_seed(settings.seed)(test)
     try:
         test()
+    except FlakyFailure as group:
+        failure = _first_verdict(group)
+        if failure is None:
+            raise
+        # A verdict that did not fail again when hypothesis replayed its plan: timing decided it
+        # (where a signal landed). Spotchaos's message first; the ~60 lines of hypothesis's
+        # exception group only for who asked for them (-v).
+        failure.add_note(
+            "spotchaos: this plan failed once and passed when replayed, so where the fault landed decided it; "
+            "the failure above is real for that landing"
+            + ("" if settings.verbose else " (pytest -v shows hypothesis's account)")
+        )
+        raise failure from (group if settings.verbose else None)
     except Unsatisfiable:
         raise DamageNotApplied(
             f"job {job.name!r}: no plan could damage a checkpoint (does it report durable checkpoints "
@@ -96,3 +110,13 @@ def explore(
     if aborted:
         raise aborted[0]
     return tried
+
+
+def _first_verdict(group: BaseExceptionGroup) -> ScenarioFailure | None:
+    """The first verdict inside a (nested) exception group."""
+    for exc in group.exceptions:
+        if isinstance(exc, ScenarioFailure):
+            return exc
+        if isinstance(exc, BaseExceptionGroup) and (found := _first_verdict(exc)) is not None:
+            return found
+    return None

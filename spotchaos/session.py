@@ -23,8 +23,11 @@ from .backends.docker import DockerBackend, DockerSession
 from .config import JobSpec
 from .engine import EngineOptions, run_job
 from .errors import SpotchaosError
+from .logadapter import StepConvention, convention_from_dict
 from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
+from .redact import find_leaks
+from .safefs import captured_logs
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
 
@@ -44,6 +47,7 @@ class SessionCore:
         self.keep_passing = keep_passing
         self.cache: dict[tuple[str, str], Any] = {}  # (what, job key) -> a run a family measures on, once
         self._references: dict[str, RunRecord] = {}
+        self._conventions: dict[str, StepConvention] = {}  # job key -> how its log-adapter script counts
         self._lock = threading.Lock()
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
@@ -67,9 +71,11 @@ class SessionCore:
         """The uninterrupted run of ``job``, computed once per session and job configuration."""
         key = job.key()
         if key not in self._references:
-            record = self.execute(job, Plan(), self.next_dir(f"{job.name}-reference"))
+            record = self.execute(job, Plan(), self.next_dir(f"{job.name}-reference"), learn=True)
             if not record.steps:
                 raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
+            if record.convention is not None:
+                self._conventions[key] = convention_from_dict(record.convention)
             self._references[key] = record
         return self._references[key]
 
@@ -125,10 +131,17 @@ class SessionCore:
         storage_faults: Sequence[Fault] = (),
         before_restart: RestartHook | None = None,
         preempt_when: Callable[[], bool] | None = None,
+        learn: bool = False,
+        judge_restarts: bool = False,
     ) -> RunRecord:
         """One run of ``job`` under ``plan`` on its backend and storage; ``storage_faults`` are on
         for the whole run and removed after it; ``before_restart(index, storage_env)`` may swap
-        variables for the restarts."""
+        variables for the restarts. A log-adapter job's runs count steps the way its
+        uninterrupted run taught (that run comes first, with ``learn``)."""
+        convention = None
+        if job.log is not None and not learn:
+            self.reference(job)
+            convention = self._conventions[job.key()]
         with self._storage(job) as storage_env:
             hook = None
             if before_restart is not None:
@@ -143,6 +156,8 @@ class SessionCore:
                 extra_env=tuple(storage_env.items()),
                 before_restart=hook,
                 preempt_when=preempt_when,
+                convention=convention,
+                judge_restarts=judge_restarts,
             )
             with contextlib.ExitStack() as added:
                 for fault in storage_faults:
@@ -153,11 +168,30 @@ class SessionCore:
     def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
         """Run ``plan`` and judge it against the reference; a passing run's directory goes."""
         reference = self.reference(job)
-        record = self.execute(job, plan, self.next_dir(f"{job.name}-{len(plan.preemptions)}p"))
+        record = self.execute(job, plan, self.next_dir(f"{job.name}-{len(plan.preemptions)}p"), judge_restarts=True)
         verdict = judge(reference, record)
+        leaked = self.leaks(job, record)
+        if leaked:  # a job that prints its own secret fails every scenario, not only the storage ones
+            verdict.failures.append(leaked)
+            verdict.passed = False
         if verdict.passed:
             self.discard(record)
         return record, verdict
+
+    def secrets_of(self, job: JobSpec) -> list[str]:
+        """What no output of ``job`` may show: its secret-named variables and every S3 secret handed out."""
+        return [*job.secrets(), *self.secrets]
+
+    def leaks(self, job: JobSpec, run: RunRecord) -> str | None:
+        """A failure naming where a run's captured output shows a secret of its job, if it does."""
+        found = find_leaks(captured_logs(Path(run.workdir)), self.secrets_of(job))
+        if not found:
+            return None
+        names = sorted(k for k, v in job.environment().items() if v in job.secrets())
+        return (
+            f"a secret ({', '.join(names) or 'a storage credential'}, or 8 characters of it, or its encoding) "
+            f"appears in: {', '.join(found)}; the job must not print its credentials"
+        )
 
     def run_once(
         self, job: JobSpec, plan: Plan, label: str, inspect: Callable[[RunRecord], None] | None = None, **options: Any

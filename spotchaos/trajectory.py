@@ -51,6 +51,7 @@ class Attempt:
     escaped: list[str] = field(default_factory=list)  # processes that left the job's group, found and ended
     stdout_tail: str = ""
     stderr_tail: str = ""
+    failed_restart: str | None = None  # a restart that exited non-zero before training: why, as far as seen
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["event"] == kind]
@@ -87,6 +88,7 @@ class RunRecord:
     workdir: str
     unfired: list[str] = field(default_factory=list)  # planned faults that never reached a running attempt, and why
     not_reached: list[str] = field(default_factory=list)  # planned for attempts that never started: training was done
+    convention: dict[str, Any] | None = None  # a log-adapter job's step convention, learned by its uninterrupted run
 
     @property
     def steps(self) -> list[StepRecord]:

@@ -125,8 +125,11 @@ class Verdict:
 
     def message(self) -> str:
         if self.passed:
-            return "bit-exact"
-        return "\n".join(f"- {f}" for f in self.failures)
+            return self.precision
+        text = "\n".join(f"- {f}" for f in self.failures)
+        if self.precision != "bit-exact":
+            text += f"\n  (what was compared: {self.precision})"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -312,6 +315,8 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
     damage: Damage | None = None  # applied before a restart, judged at the first restart that resumes
     durable_uris: dict[str, int] = {}  # every checkpoint reported durable so far -> its step
     for attempt in chaos.attempts:
+        if attempt.failed_restart:
+            continue  # it never resumed: the failure says why
         point = resumed[attempt.index]
         crashed_before_resuming = point is None and not attempt.steps and attempt.fault is not None
         if previous is not None and not crashed_before_resuming:
@@ -366,11 +371,13 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
 
     for unfired in chaos.unfired:  # a plan that preempted nothing proves nothing: never a pass
         failures.append(f"planned fault {unfired}: the run proves nothing about it (preempt a step the job reaches)")
+    failed_restarts = [a.failed_restart for a in chaos.attempts if a.failed_restart]
+    failures.extend(failed_restarts)  # what follows from it (missing steps, no final) would only repeat it
     resumed = _resume_points(chaos.attempts)
     divergence = find_divergence(reference, chaos, resumed)
     if divergence is not None:
         failures.append(divergence.describe())
-    if missing:
+    if missing and not failed_restarts:
         text = f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}"
         # a step missing exactly where a restart picked up (the resume point a trainer reports
         # comes from the same counter, so the step at it or just after it)
@@ -394,7 +401,8 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     differing: list[str] = []
     ref_final, got_final = reference.final, chaos.final
     if got_final is None:
-        failures.append("the preempted run never reported a 'final' event")
+        if not failed_restarts:
+            failures.append("the preempted run never reported a 'final' event")
     elif ref_final is not None:
         ref_d, got_d = ref_final["digests"], got_final["digests"]
         differing = sorted(k for k in set(ref_d) | set(got_d) if ref_d.get(k) != got_d.get(k))
@@ -434,14 +442,20 @@ def precision_note(reference: RunRecord, chaos: RunRecord) -> str:
 
     digits = min(significant_digits(p) for p in printed)
     final = chaos.final
-    weights = (
-        f"final weights compared bit for bit ({len(final['digests'])} tensors)"
-        if final is not None and final.get("digests")
-        else "no weights digest (set final_weights in the job's log table)"
-    )
+    if final is None:
+        weights = "final weights not compared (the run did not finish)"
+    elif final.get("digests"):
+        weights = f"final weights compared bit for bit ({len(final['digests'])} tensors)"
+    else:
+        weights = "no weights digest (set final_weights in the job's log table)"
+    counted = ""
+    convention = chaos.convention or reference.convention or {}
+    if convention.get("first_step"):
+        first = convention["first_step"]
+        counted = f"; steps here count from 0 (the script's step line {first} is step 0)"
     return (
         f"losses compared as printed, to {digits} significant digit(s); {weights}; "
-        "a bit-exact claim needs the probe or the weights digest"
+        f"a bit-exact claim needs the probe or the weights digest{counted}"
     )
 
 

@@ -52,3 +52,42 @@ def test_trainer_text_cannot_break_the_table_or_inject_html():
     line = next(x for x in text.splitlines() if x.startswith("- loss diverged"))
     assert "\\|" in line and "<script>" not in text and "&lt;script&gt;" in line
     assert "second line" in line  # the newline became a space: still one list item
+
+
+def test_what_was_compared_and_how_the_script_counts_are_shown_beside_each_verdict():
+    """A printed loss is not a bit: the precision note and the learned step convention appear in
+    report.md and report.html wherever a log-adapter verdict is shown, passing or failing."""
+    from markupsafe import escape
+
+    from spotchaos.report.html import render_html
+
+    precision = "losses compared as printed, to 8 significant digit(s); final weights compared bit for bit"
+    convention = {"text": "steps printed from 1; checkpoint key 'step' holds the number of steps completed"}
+    scenarios = [
+        {
+            **DOCUMENT["scenarios"][0],
+            "figures": {},
+            "runs": [],
+            "verdict": {"precision": precision},
+            "reference": {
+                "wall_seconds": 2.5,
+                "steps": 20,
+                "start_seconds": 0.4,
+                "memory": {},
+                "convention": convention,
+            },
+        },
+        {
+            **DOCUMENT["scenarios"][1],
+            "runs": [],
+            "verdict": {**DOCUMENT["scenarios"][1]["verdict"], "precision": precision},
+        },
+    ]
+    document = {**DOCUMENT, "scenarios": scenarios}
+    text = render_markdown(document)
+    assert f"- s.py::ok[ref]: compared: {precision}; how the script counts: {convention['text']}" in text
+    failed = text[text.index("### s.py::bad[ref]") :]
+    assert f"- _compared: {precision}_" in failed
+    page = render_html(document)
+    assert page.count(f"compared: {precision}") == 2 and escape(f"how the script counts: {convention['text']}") in page
+    assert "compared:" not in render_markdown(DOCUMENT)  # the probe's bit-exact verdicts need no note

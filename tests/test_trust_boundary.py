@@ -415,18 +415,24 @@ LEAKY_PROJECT = {
         import base64
 
         def test_leaky(spotchaos, spotchaos_job, record_property):
-            spotchaos.check(spotchaos_job, "sigkill@1")
             record_property("auth", base64.b64encode(b"user:{SECRET}").decode())
+            spotchaos.check(spotchaos_job, "sigkill@1")
     """,
 }
 
 
-def test_a_jobs_own_env_secret_is_redacted_in_kept_logs_and_its_encoding_fails_the_session(tmp_path):
+def test_a_jobs_own_env_secret_fails_its_scenario_is_redacted_in_kept_logs_and_its_encoding_fails_the_session(
+    tmp_path,
+):
     project = write_project(tmp_path, LEAKY_PROJECT)
     result = run_pytest(project, "--spotchaos", "--spotchaos-keep-runs", "--junitxml=junit.xml", "test_leaky.py")
-    assert "1 passed" in result.stdout, result.stdout[-3000:]
-    assert result.returncode == 1, "the base64 of the job's secret in the JUnit XML must fail the session"
-    leaks = result.stdout.split("appears in:")[1].splitlines()[0]
+    assert "1 failed" in result.stdout, result.stdout[-3000:]
+    assert "a secret (HF_TOKEN, or 8 characters of it, or its encoding) appears in: attempt-0/stderr.log" in (
+        result.stdout
+    ), "a job printing its own secret fails the scenario that ran it"
+    assert result.returncode == 1
+    leaks = result.stdout.split("FAILED: a secret (or 8 characters of one, or its encoding) appears in:")[1]
+    leaks = leaks.splitlines()[0]
     assert "junit.xml" in leaks and "stderr.log" not in leaks and "report" not in leaks
     logs = list((project / "spotchaos-report" / "runs").rglob("stderr.log"))
     assert logs and all(SECRET[len(SECRET) // 2 :] not in log.read_text() for log in logs)

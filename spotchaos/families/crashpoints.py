@@ -41,6 +41,22 @@ def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
     """
     record, (log, *_) = trace(core, job, Plan())
     events = record.attempts[0].events
+    windows = _log_save_windows(events, log) if job.log is not None else _probe_save_windows(events, log)
+    windows = [w for w in windows if w]
+    if not windows:
+        if not any(e["event"] == "checkpoint" for e in events):
+            raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no save to crash inside")
+        raise SpotchaosError(
+            f"job {job.name!r}: no file-system event under its checkpoint directory fell inside a save "
+            f"({len(log)} event(s) traced): does it write its checkpoints under {{checkpoint_dir}}?"
+        )
+    rotating = [w for w in windows[1:] if any(e["event"] in ("shutil.rmtree", "os.remove") for e in w)]
+    return rotating[0] if rotating else windows[-1]
+
+
+def _probe_save_windows(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A probe job stamps its events itself: a save runs from the step before its checkpoint
+    event to the step after it."""
     windows = []
     last_step_t = None
     for index, event in enumerate(events):
@@ -50,10 +66,23 @@ def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
             after = (e["t"] for e in events[index + 1 :] if e["event"] == "step")
             next_step_t = next(after, float("inf"))
             windows.append([e for e in log if last_step_t < e["t"] < next_step_t])
-    if not windows:
-        raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no save to crash inside")
-    rotating = [w for w in windows[1:] if any(e["event"] in ("shutil.rmtree", "os.remove") for e in w)]
-    return rotating[0] if rotating else windows[-1]
+    return windows
+
+
+def _log_save_windows(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """A log-adapter job's lines are stamped when the harness read them, a poll or a busy moment
+    after the script printed them, and a checkpoint when the harness found the file. So the save
+    holding the steps up to step s lies between the reading of step s-1's line and step s+1's
+    (the script may print before or after it saves); with a save at every step, two saves
+    share a window, and every event in it is still inside a save."""
+    seen = {e["step"]: e["t"] for e in events if e["event"] == "step"}
+    saved = sorted({e["step"] for e in events if e["event"] == "checkpoint"})
+    windows = []
+    for step in saved:
+        start = seen.get(step - 1, float("-inf"))
+        end = seen.get(step + 1, float("inf"))
+        windows.append([e for e in log if start < e["t"] < end])
+    return windows
 
 
 def resume_boundaries(core: SessionCore, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:

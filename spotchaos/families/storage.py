@@ -76,7 +76,7 @@ def check_storage(
         run = core.execute(job, plan, workdir, storage_faults=faults)
     except JobError as exc:
         figures = {"scenario": "storage faults", "faults": names, "plan": str(plan)}
-        problems = [str(exc), STORAGE_HINT, *_leak_problems(_captured(workdir), core.secrets)]
+        problems = [str(exc), STORAGE_HINT, *_leak_problems(_captured(workdir), core.secrets_of(job))]
         _storage_verdict(record, figures, problems, f"job {job.name!r} under {names} ({plan}): ")
         raise  # not reached: the problems above are never empty
     acted = {f.name: proxy.injected.get(f.name, 0) - before.get(f.name, 0) for f in faults}
@@ -141,7 +141,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
     except JobError as exc:
         figures = {"scenario": "preempted during a slow upload", "plan": str(plan), "torn_step": torn}
         problems = [f"killed while the checkpoint after step {torn} was uploading: {exc}", TORN_HINT]
-        problems += _leak_problems(_captured(workdir), core.secrets)
+        problems += _leak_problems(_captured(workdir), core.secrets_of(job))
         _storage_verdict(record, figures, problems, f"job {job.name!r}: ")
         raise  # not reached: the problems above are never empty
     if torn in [e["step"] for e in run.attempts[0].of_kind("checkpoint")]:
@@ -170,7 +170,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
 def _storage_outcome(
     core: SessionCore, job, record, plan, run, verdict, reference, figures, problems, names
 ) -> dict[str, Any]:
-    problems = [*problems, *_leak_problems(_captured(run.workdir), core.secrets)]
+    problems = [*problems, *_leak_problems(_captured(run.workdir), core.secrets_of(job))]
     note_run(record, plan, run, verdict, reference)
     _storage_verdict(record, figures, problems, f"job {job.name!r} under {names}: ")
     core.discard(run)

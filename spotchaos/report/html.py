@@ -15,7 +15,7 @@ from typing import Any
 
 from ..extras import require
 from .plots import divergence_png, trajectory_png
-from .summary import figure_lines, lost_steps, verdict_word
+from .summary import comparison_notes, figure_lines, lost_steps, verdict_word
 
 jinja2 = require("jinja2", "html", "report.html")
 
@@ -99,6 +99,7 @@ def _scenario_view(scenario: dict[str, Any]) -> dict[str, Any]:
         "trajectory": scenario.get("trajectory"),
         "plots": _plots(scenario, divergence),
         "figure_lines": figure_lines(scenario.get("figures") or {}),
+        "notes": comparison_notes(scenario),
         "error": scenario.get("error"),
         "failing_plan": scenario.get("failing_plan"),
         "replay": scenario.get("replay", ""),

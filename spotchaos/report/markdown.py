@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..sanitize import markdown_text, visible
-from .summary import lost_steps, storage_line, verdict_word
+from .summary import comparison_notes, lost_steps, storage_line, verdict_word
 
 
 def _cell(value: Any) -> str:
@@ -82,7 +82,12 @@ def render_markdown(document: dict[str, Any]) -> str:
             lines.append("")
             for failure in (s.get("verdict") or {}).get("failures", []) or [s.get("error") or "failed"]:
                 lines.append(f"- {_cell(failure)}")
+            lines += [f"- _{_cell(note)}_" for note in comparison_notes(s)]
             lines += ["", f"Replay: `{_code(s.get('replay'))}`", ""]
+    noted = [(s, comparison_notes(s)) for s in scenarios if s.get("passed") and comparison_notes(s)]
+    if noted:
+        lines += ["", "## What was compared", ""]
+        lines += [f"- {_name(s.get('scenario'))}: {_cell('; '.join(notes))}" for s, notes in noted]
     figures = [(s, s.get("figures")) for s in scenarios if s.get("figures")]
     if figures:
         lines += ["", "## Figures", "", "| scenario | figure | value |", "| --- | --- | --- |"]

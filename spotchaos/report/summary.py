@@ -76,3 +76,16 @@ def _side(side: dict[str, Any]) -> str:
     if side["total_known"] == 0:
         return f"unknown ({missing} not given) in {hours}"
     return f"at least {side['total_known']:.4g} ({missing} unknown) in {hours}"
+
+
+def comparison_notes(scenario: dict[str, Any]) -> list[str]:
+    """What "equal" meant for a scenario's verdict, and how the log adapter read the script's
+    steps: shown beside the verdict wherever it appears, since a printed loss is not a bit."""
+    notes = []
+    precision = (scenario.get("verdict") or {}).get("precision")
+    if precision and precision != "bit-exact":
+        notes.append(f"compared: {precision}")
+    convention = (scenario.get("reference") or {}).get("convention")
+    if convention and convention.get("text"):
+        notes.append(f"how the script counts: {convention['text']}")
+    return notes
