@@ -27,6 +27,7 @@ from .safefs import open_beneath, read_text_bounded
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 LOADER = PACKAGE_DIR / "confined" / "load_checkpoint.py"
+DIFFER = PACKAGE_DIR / "confined" / "state_diff.py"
 CONFINED_TIMEOUT_SECONDS = 300.0
 ANSWER_BYTES = 1 << 20
 WEIGHTS_ONLY_REFUSAL = "Weights only load failed"
@@ -92,10 +93,35 @@ class ConfinedLoader:
         self.runs = 0
 
     def __call__(self, path: Path, step_key: str | None, final_key: str | None) -> dict[str, Any]:
+        return _validated(*self._run(LOADER, (str(path), step_key or "", final_key or "")), path)
+
+    def diff(self, reference: Path, chaos: Path, limit: int) -> dict[str, Any]:
+        """``confined/state_diff.py`` on two checkpoint files: which entries differ."""
+        text, code = self._run(DIFFER, (str(reference), str(chaos), str(limit)))
+        lines = [line for line in text.splitlines() if line.strip()]
+        try:
+            answer = json.loads(lines[-1]) if lines else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            return {"error": f"no answer (exit status {code})"}
+        if isinstance(answer.get("error"), str):
+            return {"error": answer["error"][:500]}
+        found = answer.get("differences")
+        if not isinstance(found, list) or not all(
+            isinstance(d, dict) and all(isinstance(d.get(k), str) for k in ("entry", "reference", "chaos"))
+            for d in found
+        ):
+            return {"error": "its answer is not a list of differences"}
+        more = answer.get("more")
+        return {"differences": found[:limit], "more": more if isinstance(more, int) and more >= 0 else 0}
+
+    def _run(self, script: Path, args: tuple[str, ...]) -> tuple[str, int | None]:
+        """Run a confined helper script through the job's backend: its stdout and exit status."""
         self.runs += 1
-        out = self.folder / f"confined-load-{self.runs}.out"
+        out = self.folder / f"confined-{script.stem}-{self.runs}.out"
         spec = LaunchSpec(
-            argv=(self.python, str(LOADER), str(path), step_key or "", final_key or ""),
+            argv=(self.python, str(script), *args),
             env=self.env,
             cwd=self.cwd,
             stdout_path=out,
@@ -110,11 +136,13 @@ class ConfinedLoader:
         finally:
             handle.cleanup()
         if code is None:
-            raise JobError(f"reading {path.name} in the job's confinement took over {CONFINED_TIMEOUT_SECONDS:g} s")
-        return _validated(read_text_bounded(out, ANSWER_BYTES), path, code)
+            raise JobError(
+                f"{script.name} on {args[0]} in the job's confinement took over {CONFINED_TIMEOUT_SECONDS:g} s"
+            )
+        return read_text_bounded(out, ANSWER_BYTES), code
 
 
-def _validated(text: str, path: Path, code: int | None) -> dict[str, Any]:
+def _validated(text: str, code: int | None, path: Path) -> dict[str, Any]:
     """The loader's answer, checked like any output of the job (the pickle it read ran code)."""
     lines = [line for line in text.splitlines() if line.strip()]
     try:

@@ -29,6 +29,7 @@ from .redact import secret_values
 PYTHON_ALIASES = ("python", "python3")
 JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 STORAGES = ("local", "s3")
+EXACTNESS = ("bit", "envelope")
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,18 @@ class JobSpec:
     # a glob under the checkpoint directory: a restart resumes (resume_args, resume_command) only
     # when something matches it, else it starts fresh, for scripts whose resume flag fails without one
     resume_if_exists: str | None = None
+    # How many uninterrupted runs measure the job's own run-to-run noise (1: just the reference).
+    # None: 1 when exactness is "bit", 3 when it is "envelope".
+    determinism_runs: int | None = None
+    # "bit": the resumed run must equal the uninterrupted one bit for bit. "envelope": for jobs that
+    # cannot be made deterministic, it must stay inside the spread the uninterrupted runs showed,
+    # widened by envelope_factor.
+    exactness: str = "bit"
+    envelope_factor: float = 4.0
+    # The checkpoints a run writes after a resume are compared with the uninterrupted run's of the
+    # same step; entries matching these patterns ("trainer.pt:timestamp", "*.host") may differ.
+    state_diff: bool = True
+    state_diff_ignore: tuple[str, ...] = ()
     parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
     storage: str = "local"  # "s3": checkpoints go to s3://<fresh bucket>/ckpt on the harness's moto
     source: str = "python"
@@ -103,9 +116,27 @@ class JobSpec:
                 f"{self.where('resume_if_exists')}: must be a glob under the checkpoint directory, "
                 f"got {self.resume_if_exists!r}"
             )
+        if self.exactness not in EXACTNESS:
+            raise ConfigError(f"{self.where('exactness')}: must be 'bit' or 'envelope', got {self.exactness!r}")
+        runs = self.determinism_runs
+        if runs is not None and (not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= 20):
+            raise ConfigError(f"{self.where('determinism_runs')}: must be an integer from 1 to 20, got {runs!r}")
+        if self.exactness == "envelope" and runs == 1:
+            raise ConfigError(
+                f"{self.where('determinism_runs')}: envelope mode measures the spread of at least 2 uninterrupted "
+                "runs; leave it unset (3) or give 2 or more"
+            )
+        _check_number(self.envelope_factor, self.where("envelope_factor"), "a factor such as 4", 0.999, 1e6)
         steps = self.cost.production_steps
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
             raise ConfigError(f"{self.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
+
+    @property
+    def uninterrupted_runs(self) -> int:
+        """How many uninterrupted runs the job gets: the reference and the ones measuring its noise."""
+        if self.determinism_runs is not None:
+            return self.determinism_runs
+        return 3 if self.exactness == "envelope" else 1
 
     def where(self, key: str) -> str:
         if self.source == "python":
@@ -195,6 +226,11 @@ _JOB_KEYS = {
     "log",
     "resume_args",
     "resume_if_exists",
+    "determinism_runs",
+    "exactness",
+    "envelope_factor",
+    "state_diff",
+    "state_diff_ignore",
     "parametrize",
     "storage",
     *_NUMBER_KEYS,
@@ -295,8 +331,20 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         kwargs["parametrize"] = table["parametrize"]
     if "resume_args" in table:
         kwargs["resume_args"] = _command(table["resume_args"], where("resume_args"))
-    if "resume_if_exists" in table:
-        kwargs["resume_if_exists"] = table["resume_if_exists"]
+    for key in ("resume_if_exists", "determinism_runs", "exactness", "envelope_factor"):
+        if key in table:
+            kwargs[key] = table[key]
+    if "state_diff" in table:
+        if not isinstance(table["state_diff"], bool):
+            raise ConfigError(f"{where('state_diff')}: must be true or false")
+        kwargs["state_diff"] = table["state_diff"]
+    if "state_diff_ignore" in table:
+        ignore = table["state_diff_ignore"]
+        if not isinstance(ignore, list) or not all(isinstance(p, str) and p for p in ignore):
+            raise ConfigError(
+                f"{where('state_diff_ignore')}: must be a list of patterns such as 'trainer.pt:timestamp'"
+            )
+        kwargs["state_diff_ignore"] = tuple(ignore)
     resume = table.get("resume_command")
     return JobSpec(
         name=name,

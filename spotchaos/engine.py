@@ -34,6 +34,7 @@ from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_RUN_ID
 from .processes import end_marked
 from .restarts import diagnose
 from .safefs import UnsafeFile, read_text_bounded
+from .state_diff import KEPT, keep
 from .trajectory import Attempt, FaultRecord, RunRecord
 
 log = logging.getLogger("spotchaos")
@@ -64,6 +65,9 @@ class EngineOptions:
     # a restart that fails before its first step is a verdict on the plan (a torn checkpoint, a
     # resume flag with nothing to resume), not an error; off where a family expects the failure
     judge_restarts: bool = False
+    # keep copies of the checkpoints as they appear, for the state diff: "all" (the uninterrupted
+    # run), "resumed" (those written by attempts after a resume), "" (none)
+    keep_checkpoints: str = ""
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -89,8 +93,10 @@ class _AttemptWatch:
         reader: EventReader,
         preemption: Preemption | None,
         preempt_when: Callable[[], bool] | None = None,
+        on_checkpoint: Callable[[dict], None] | None = None,
     ):
         self.job = job
+        self.on_checkpoint = on_checkpoint
         self.preempt_when = preempt_when
         self.handle = handle
         self.reader = reader
@@ -129,6 +135,8 @@ class _AttemptWatch:
         for event in new:
             if event["event"] == "step":
                 self.last_step = event["step"]
+            elif event["event"] == "checkpoint" and self.on_checkpoint is not None:
+                self.on_checkpoint(event)
 
     def _maybe_preempt(self, now: float) -> None:
         p = self.preemption
@@ -347,7 +355,15 @@ def _run_attempt(
     # written down for the next pytest, should this one die: who runs, and the folder to remove
     identity = {**getattr(handle, "identity", {}), "scratch": str(scratch) if scratch is not None else None}
     entry = options.live.add(run_id, identity)
-    watch = _AttemptWatch(job, handle, reader, None if crash_at is not None else preemption, options.preempt_when)
+    on_checkpoint = None
+    if options.keep_checkpoints == "all" or (options.keep_checkpoints == "resumed" and index > 0):
+
+        def on_checkpoint(event: dict) -> None:
+            keep(event, index, checkpoints, workdir / KEPT)
+
+    watch = _AttemptWatch(
+        job, handle, reader, None if crash_at is not None else preemption, options.preempt_when, on_checkpoint
+    )
     orphans: list[int] = []
     escaped: list[str] = []
     try:

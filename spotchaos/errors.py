@@ -35,3 +35,8 @@ class ReportError(SpotchaosError):
 class ScenarioFailure(SpotchaosError, AssertionError):
     """A verdict: the job broke what the scenario checks. An ``AssertionError`` too, so pytest
     reports it as a failed test, not as an error in the test's set-up."""
+
+
+class NotDeterministic(ScenarioFailure):
+    """Two uninterrupted runs of the job differ: no resume can be judged bit for bit. Its own
+    verdict, with where they part and a checklist, never mistaken for a resume bug."""

@@ -60,6 +60,7 @@ def note_run(record: ScenarioRecord | None, plan: Plan, run: RunRecord, verdict:
             "start_seconds": reference.attempts[0].start_seconds,
             "memory": reference.memory_peaks(),
             "convention": reference.convention,  # how a log-adapter script counts its steps, and whence
+            "determinism": reference.audit,  # bit-reproducible or not, the mode, the envelope
         }
     if record.passed or not verdict.passed:  # the plots show the last failing run (the minimal plan), else the last
         record.trajectory = {
@@ -95,11 +96,14 @@ def note_storage(record: ScenarioRecord | None, figures: dict[str, Any]) -> None
         record.passed = record.passed and figures["passed"]
 
 
-def note_failure(record: ScenarioRecord, plan: Plan | str | None = None) -> None:
-    """A verdict failed (the plan, when the failure names one)."""
+def note_failure(record: ScenarioRecord, plan: Plan | str | None = None, message: str | None = None) -> None:
+    """A verdict failed (the plan, when the failure names one; its message, when no judged run
+    carried it: a job that is not deterministic, a budget)."""
     record.passed = False
     if plan is not None:
         record.failing_plan = str(plan)
+    if message is not None and (record.verdict is None or record.verdict.get("passed")):
+        record.verdict = {"passed": False, "failures": [message]}
 
 
 def note_error(record: ScenarioRecord, message: str) -> None:

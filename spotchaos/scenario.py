@@ -136,8 +136,8 @@ class Scenario:
         except ChaosFailure as failure:
             note_failure(record, failure.plan)
             raise
-        except ScenarioFailure:  # a budget or storage verdict
-            note_failure(record)
+        except ScenarioFailure as failure:  # a budget, storage or determinism verdict
+            note_failure(record, message=str(failure))
             raise
         except SpotchaosError as exc:
             note_error(record, str(exc))

@@ -11,29 +11,38 @@ none of them grows it. It knows neither pytest nor hypothesis.
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
+from .checkpoint_reader import ConfinedLoader
 from .config import JobSpec
+from .determinism import HINT, Audit, Envelope
+from .determinism import audit as audit_runs
 from .engine import EngineOptions, run_job
-from .errors import SpotchaosError
+from .errors import NotDeterministic, SpotchaosError
 from .logadapter import StepConvention, convention_from_dict
 from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
 from .redact import find_leaks
 from .safefs import captured_logs
+from .state_diff import KEPT, StateDifference
+from .state_diff import compare as compare_kept
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
 
 if TYPE_CHECKING:
     from .storage import Fault, S3Service
 
+log = logging.getLogger("spotchaos")
 RestartHook = Callable[[int, Mapping[str, str]], Mapping[str, str] | None]
 
 
@@ -48,6 +57,7 @@ class SessionCore:
         self.cache: dict[tuple[str, str], Any] = {}  # (what, job key) -> a run a family measures on, once
         self._references: dict[str, RunRecord] = {}
         self._conventions: dict[str, StepConvention] = {}  # job key -> how its log-adapter script counts
+        self._audits: dict[str, Audit] = {}  # job key -> what its repeated uninterrupted runs showed
         self._lock = threading.Lock()
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
@@ -71,13 +81,53 @@ class SessionCore:
         """The uninterrupted run of ``job``, computed once per session and job configuration."""
         key = job.key()
         if key not in self._references:
-            record = self.execute(job, Plan(), self.next_dir(f"{job.name}-reference"), learn=True)
+            record = self.execute(
+                job, Plan(), self.next_dir(f"{job.name}-reference"), learn=True, keep_checkpoints="all"
+            )
             if not record.steps:
                 raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
             if record.convention is not None:
                 self._conventions[key] = convention_from_dict(record.convention)
             self._references[key] = record
+        if job.uninterrupted_runs > 1 and self._audit_key(job) not in self._audits:
+            self._audits[self._audit_key(job)] = self._audit(job, self._references[key])
+        audit = self._audits.get(self._audit_key(job))
+        if audit is not None and not audit.reproducible and job.exactness == "bit":
+            raise NotDeterministic(
+                f"job {job.name!r} is not deterministic without any preemption: {audit.text()}; no resume can be "
+                f"judged bit for bit. Hint: {HINT}"
+            )
         return self._references[key]
+
+    @staticmethod
+    def _audit_key(job: JobSpec) -> str:
+        return f"{job.key()}x{job.uninterrupted_runs}"  # the same reference serves any number of runs
+
+    def _audit(self, job: JobSpec, reference: RunRecord) -> Audit:
+        """The job's other uninterrupted runs, compared with the reference: its own noise."""
+        runs = [reference]
+        for index in range(2, job.uninterrupted_runs + 1):
+            record = self.execute(job, Plan(), self.next_dir(f"{job.name}-uninterrupted-{index}"))
+            runs.append(record)
+            self.discard(record)
+        result = audit_runs(runs)
+        log.info("job %s: %s", job.name, result.text())
+        # for the report: whether the job is bit-reproducible, the mode it is judged in, its envelope
+        reference.audit = {**result.to_dict(), "exactness": job.exactness, "envelope_factor": job.envelope_factor}
+        return result
+
+    def audit(self, job: JobSpec) -> Audit | None:
+        """What the job's repeated uninterrupted runs showed (None with determinism_runs = 1)."""
+        with contextlib.suppress(NotDeterministic):
+            self.reference(job)
+        return self._audits.get(self._audit_key(job))
+
+    def envelope(self, job: JobSpec) -> Envelope | None:
+        """The tolerance of envelope mode (None in bit mode)."""
+        if job.exactness != "envelope":
+            return None
+        self.reference(job)
+        return Envelope(self._audits[self._audit_key(job)], job.envelope_factor)
 
     def checkpoint_steps(self, job: JobSpec) -> list[int]:
         """Steps after which the uninterrupted run reported a durable checkpoint."""
@@ -133,6 +183,7 @@ class SessionCore:
         preempt_when: Callable[[], bool] | None = None,
         learn: bool = False,
         judge_restarts: bool = False,
+        keep_checkpoints: str = "",
     ) -> RunRecord:
         """One run of ``job`` under ``plan`` on its backend and storage; ``storage_faults`` are on
         for the whole run and removed after it; ``before_restart(index, storage_env)`` may swap
@@ -158,6 +209,7 @@ class SessionCore:
                 preempt_when=preempt_when,
                 convention=convention,
                 judge_restarts=judge_restarts,
+                keep_checkpoints=keep_checkpoints if job.state_diff else "",
             )
             with contextlib.ExitStack() as added:
                 for fault in storage_faults:
@@ -168,8 +220,14 @@ class SessionCore:
     def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
         """Run ``plan`` and judge it against the reference; a passing run's directory goes."""
         reference = self.reference(job)
-        record = self.execute(job, plan, self.next_dir(f"{job.name}-{len(plan.preemptions)}p"), judge_restarts=True)
-        verdict = judge(reference, record)
+        workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
+        record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed")
+        verdict = judge(reference, record, self.envelope(job))
+        found = self._state_difference(job, reference, record)
+        if found is not None:  # names the cause of a divergence, or is a latent failure of its own
+            verdict.failures.append(found.describe(latent=verdict.passed))
+            verdict.passed = False
+            verdict.state_difference = asdict(found)
         leaked = self.leaks(job, record)
         if leaked:  # a job that prints its own secret fails every scenario, not only the storage ones
             verdict.failures.append(leaked)
@@ -177,6 +235,27 @@ class SessionCore:
         if verdict.passed:
             self.discard(record)
         return record, verdict
+
+    def _state_difference(self, job: JobSpec, reference: RunRecord, run: RunRecord) -> StateDifference | None:
+        """The first checkpoint written after a resume whose state differs from the reference's."""
+        if not job.state_diff or len(run.attempts) < 2:
+            return None
+        backend = self.backend(job) or SubprocessBackend()
+        confined = ConfinedLoader(
+            backend,
+            in_container=job.container is not None,
+            env={**backend.inherited_environment(), **job.environment()},
+            cwd=self.root / job.cwd if job.cwd else self.root,
+            folder=Path(run.workdir),
+            writable=(Path(run.workdir), Path(reference.workdir)),
+        )
+        return compare_kept(
+            Path(reference.workdir) / KEPT,
+            Path(run.workdir) / KEPT,
+            confined=confined,
+            ignore=job.state_diff_ignore,
+            exact_floats=job.exactness == "bit",
+        )
 
     def secrets_of(self, job: JobSpec) -> list[str]:
         """What no output of ``job`` may show: its secret-named variables and every S3 secret handed out."""

@@ -89,6 +89,7 @@ class RunRecord:
     unfired: list[str] = field(default_factory=list)  # planned faults that never reached a running attempt, and why
     not_reached: list[str] = field(default_factory=list)  # planned for attempts that never started: training was done
     convention: dict[str, Any] | None = None  # a log-adapter job's step convention, learned by its uninterrupted run
+    audit: dict[str, Any] | None = None  # the reference's: what the job's repeated uninterrupted runs showed
 
     @property
     def steps(self) -> list[StepRecord]:

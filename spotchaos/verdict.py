@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .determinism import HINT, Envelope
 from .faults.checkpoint import Damage
 from .trajectory import Attempt, RunRecord, StepRecord
 
@@ -122,6 +123,7 @@ class Verdict:
     reference_steps: int
     damage: list[DamageOutcome] = field(default_factory=list)
     precision: str = "bit-exact"  # what "equal" meant: see precision_note
+    state_difference: dict[str, Any] | None = None  # the first checkpoint after a resume that differs
 
     def message(self) -> str:
         if self.passed:
@@ -161,16 +163,21 @@ def _resume_points(attempts: list[Attempt]) -> dict[int, int | None]:
 
 
 def find_divergence(
-    reference: RunRecord, chaos: RunRecord, resumed: dict[int, int | None] | None = None
+    reference: RunRecord,
+    chaos: RunRecord,
+    resumed: dict[int, int | None] | None = None,
+    envelope: Envelope | None = None,
 ) -> Divergence | None:
-    """The chronologically first step occurrence in ``chaos`` that differs from the reference."""
+    """The chronologically first step occurrence in ``chaos`` that differs from the reference
+    (bit for bit, or beyond the job's measured envelope)."""
     by_step = {s.step: s for s in reference.steps}
     resumed = resumed if resumed is not None else _resume_points(chaos.attempts)
+    compare = envelope.step_differences if envelope is not None else _compare_step
     for got in chaos.steps:
         ref = by_step.get(got.step)
         if ref is None:
             continue
-        differing = _compare_step(ref, got)
+        differing = compare(ref, got)
         if differing:
             main = differing[0]
             ref_value = ref.loss if main == "loss" else ref.fingerprints[main]
@@ -361,8 +368,9 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
     return failures, outcomes
 
 
-def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
-    """Compare a chaos run with the uninterrupted reference run of the same job."""
+def judge(reference: RunRecord, chaos: RunRecord, envelope: Envelope | None = None) -> Verdict:
+    """Compare a chaos run with the uninterrupted reference run of the same job: bit for bit, or
+    within the ``envelope`` the job's own uninterrupted runs measured (exactness = "envelope")."""
     failures: list[str] = []
     ref_steps = sorted({s.step for s in reference.steps})
     got_steps = {s.step for s in chaos.steps}
@@ -374,8 +382,10 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     failed_restarts = [a.failed_restart for a in chaos.attempts if a.failed_restart]
     failures.extend(failed_restarts)  # what follows from it (missing steps, no final) would only repeat it
     resumed = _resume_points(chaos.attempts)
-    divergence = find_divergence(reference, chaos, resumed)
-    if divergence is not None:
+    divergence = find_divergence(reference, chaos, resumed, envelope)
+    if divergence is not None and divergence.attempt == 0:
+        failures.append(_not_deterministic(divergence, chaos, envelope))
+    elif divergence is not None:
         failures.append(divergence.describe())
     if missing and not failed_restarts:
         text = f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}"
@@ -406,6 +416,8 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     elif ref_final is not None:
         ref_d, got_d = ref_final["digests"], got_final["digests"]
         differing = sorted(k for k in set(ref_d) | set(got_d) if ref_d.get(k) != got_d.get(k))
+        if envelope is not None:  # tensors that differ between uninterrupted runs: see the envelope's note
+            differing = envelope.final_differences(differing, chaos)
         if differing:
             shown = ", ".join(differing[:8]) + (f" and {len(differing) - 8} more" if len(differing) > 8 else "")
             failures.append(f"final weights differ in {len(differing)} of {len(ref_d)} tensor(s): {shown}")
@@ -416,8 +428,11 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
     resume_failures, damage = _resume_checks(chaos, resumed)
     failures.extend(resume_failures)
 
+    precision = precision_note(reference, chaos)
+    if envelope is not None:
+        precision = envelope.note() + ("" if precision == "bit-exact" else f"; {precision}")
     return Verdict(
-        precision=precision_note(reference, chaos),
+        precision=precision,
         passed=not failures,
         failures=failures,
         first_divergence=divergence,
@@ -428,6 +443,25 @@ def judge(reference: RunRecord, chaos: RunRecord) -> Verdict:
         grace=grace,
         reference_steps=len(ref_steps),
         damage=damage,
+    )
+
+
+def _not_deterministic(divergence: Divergence, chaos: RunRecord, envelope: Envelope | None) -> str:
+    """A difference before any fault reached the job: not a resume bug, its own verdict."""
+    first = chaos.attempts[0].fault
+    before = f"before {first.fault} after step {first.observed_step} reached it" if first else "before any fault"
+    values = f"{divergence.field}: reference {_show(divergence.reference)}, got {_show(divergence.observed)}"
+    if envelope is not None:
+        return (
+            f"the job's own noise exceeds its envelope without any preemption: attempt 0 differs from the "
+            f"uninterrupted run at step {divergence.step}, {before} ({values}), by more than {envelope.factor:g}x the "
+            f"spread {envelope.audit.runs} uninterrupted runs showed; measure with more runs (determinism_runs) or "
+            "widen envelope_factor"
+        )
+    return (
+        f"the job is not deterministic without any preemption: attempt 0 differs from the uninterrupted run at "
+        f"step {divergence.step}, {before} ({values}); nothing was resumed yet, so this is not a resume bug. "
+        f"Set determinism_runs = 3 to measure it; hint: {HINT}"
     )
 
 

@@ -63,3 +63,23 @@ def hostile_pickle_job(name: str, marker: str, *, steps: int, container=None) ->
     script = "fixtures/hostile_pickle.py" if container is not None else str(FIXTURES / "hostile_pickle.py")
     command = ("python", script, "--out", "{checkpoint_dir}", "--marker", marker, "--steps", str(steps))
     return JobSpec(name=name, command=command, resume_args=("--resume",), log=log, container=container)
+
+
+# How the log adapter reads fixtures/plain_train.py and the scripts built on it.
+PLAIN_LOG = {
+    "pattern": r"step (?P<step>\d+) loss (?P<loss>[-+0-9.eE]+|nan|inf)",
+    "checkpoints": "ckpt.pt",
+    "final_weights": "ckpt.pt",
+    "final_key": "model",
+    "checkpoint_step_key": "step",
+}
+
+
+def plain_job(script: str = "plain_train", steps: int = 20, log: dict | None = None, **table) -> JobSpec:
+    """A fixture script gated through the log adapter, declared as pyproject.toml would."""
+    from spotchaos.config import job_from_mapping
+
+    command = ["python", str(FIXTURES / f"{script}.py"), "--out", "{checkpoint_dir}", "--steps", str(steps)]
+    return job_from_mapping(
+        script, {"command": command, "resume_args": ["--resume"], "log": log or PLAIN_LOG, **table}, "pyproject.toml"
+    )

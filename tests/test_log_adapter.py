@@ -12,22 +12,9 @@ from spotchaos.logadapter import significant_digits
 from spotchaos.plan import Plan
 from spotchaos.runner import ChaosFailure
 
-from .helpers import FIXTURES
+from .helpers import PLAIN_LOG, plain_job
 
-LOG = {
-    "pattern": r"step (?P<step>\d+) loss (?P<loss>[-+0-9.eE]+|nan|inf)",
-    "checkpoints": "ckpt.pt",
-    "final_weights": "ckpt.pt",
-    "final_key": "model",
-    "checkpoint_step_key": "step",
-}
-
-
-def plain_job(script: str = "plain_train", log: dict | None = None, **table):
-    command = ["python", str(FIXTURES / f"{script}.py"), "--out", "{checkpoint_dir}", "--steps", "20"]
-    return job_from_mapping(
-        script, {"command": command, "resume_args": ["--resume"], "log": log or LOG, **table}, "pyproject.toml"
-    )
+LOG = PLAIN_LOG
 
 
 def test_correct_script_passes_and_says_how_exact_the_comparison_was(runner):

@@ -247,3 +247,14 @@ def test_it_says_what_it_is_doing_under_v_and_nothing_more_under_q(pytester):
     quiet = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-examples=2", "-q")
     quiet.assert_outcomes(passed=1)
     assert not [line for line in quiet.outlines if line.startswith("spotchaos: job")]
+
+
+def test_a_job_named_with_spotchaos_job_runs_every_scenario_even_with_parametrize_false(pytester):
+    """A user gating their own script runs the built-in scenarios on it by name; without the
+    option a parametrize = false job stays out of scenarios that do not name it."""
+    pytester.makefile(".toml", pyproject=pyproject(extra="parametrize = false", name="mine"))
+    pytester.makepyfile(test_s=SCENARIO)
+    chosen = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-job=mine", "--collect-only", "-q")
+    chosen.stdout.fnmatch_lines(["test_s.py::test_resume[[]mine[]]"])
+    unnamed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q")
+    assert "test_resume[mine]" not in unnamed.stdout.str()

@@ -19,15 +19,7 @@ from spotchaos.plan import Plan
 from spotchaos.runner import ChaosFailure, ExploreSettings
 from spotchaos.search import explore
 
-from .helpers import FIXTURES, ROOT
-
-PLAIN_LOG = {
-    "pattern": r"step (?P<step>\d+) loss (?P<loss>[-+0-9.eE]+|nan|inf)",
-    "checkpoints": "ckpt.pt",
-    "final_weights": "ckpt.pt",
-    "final_key": "model",
-    "checkpoint_step_key": "step",
-}
+from .helpers import FIXTURES, ROOT, plain_job
 
 
 def sidecar_job(**log):
@@ -38,13 +30,6 @@ def sidecar_job(**log):
     command = ["python", str(FIXTURES / "sidecar_train.py"), "--out", "{checkpoint_dir}", "--steps", "20"]
     return job_from_mapping(
         "sidecar", {"command": command, "resume_args": ["--resume"], "log": table}, "pyproject.toml"
-    )
-
-
-def plain_job(script: str, steps: int = 20, **table):
-    command = ["python", str(FIXTURES / f"{script}.py"), "--out", "{checkpoint_dir}", "--steps", str(steps)]
-    return job_from_mapping(
-        script, {"command": command, "resume_args": ["--resume"], "log": PLAIN_LOG, **table}, "pyproject.toml"
     )
 
 

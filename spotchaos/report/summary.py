@@ -85,6 +85,14 @@ def comparison_notes(scenario: dict[str, Any]) -> list[str]:
     precision = (scenario.get("verdict") or {}).get("precision")
     if precision and precision != "bit-exact":
         notes.append(f"compared: {precision}")
+    determinism = (scenario.get("reference") or {}).get("determinism")
+    if determinism and determinism.get("text"):
+        mode = (
+            f"judged within its envelope widened {determinism.get('envelope_factor'):g}x"
+            if determinism.get("exactness") == "envelope"
+            else "judged bit for bit"
+        )
+        notes.append(f"determinism: {determinism['text']}; {mode}")
     convention = (scenario.get("reference") or {}).get("convention")
     if convention and convention.get("text"):
         notes.append(f"how the script counts: {convention['text']}")

@@ -1,0 +1,134 @@
+"""Which entries of two checkpoints differ, key by key: the state a resume did not restore.
+
+Shared by the harness (files it can load with ``torch.load(weights_only=True)``) and, for
+files that need a full unpickle, run as a script inside the job's own confinement (a process
+the job's backend starts), like ``load_checkpoint.py``. Standard library and torch only;
+``probe.py`` (tensor digests) is loaded by its path.
+
+Usage: python state_diff.py REFERENCE_FILE CHAOS_FILE LIMIT   (one JSON line on stdout)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SHOWN_CHARS = 60  # a scalar shown in a difference: ``scheduler.last_epoch: 12 vs 13``
+
+
+def _digest():
+    spec = importlib.util.spec_from_file_location(
+        "_spotchaos_probe", Path(__file__).resolve().parent.parent / "probe.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.tensor_digest
+
+
+SCALARS = (int, float, bool, str, type(None))
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaves of nested dicts, lists and tuples by dotted path (``optimizer.state.3.exp_avg``). A
+    list of plain values (an RNG's state words) is one leaf: 625 entries would say nothing more."""
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list | tuple) and value and all(isinstance(v, SCALARS) for v in value):
+        return {prefix or "(value)": list(value)}
+    elif isinstance(value, list | tuple):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return {prefix or "(value)": value}
+    leaves: dict[str, Any] = {}
+    if not items:
+        leaves[prefix or "(value)"] = type(value).__name__ + "()"
+    for key, item in items:
+        leaves.update(flatten(item, f"{prefix}.{key}" if prefix else key))
+    return leaves
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{len(value)} values" if isinstance(value, list) else text[: SHOWN_CHARS - 3] + "..."
+
+
+def diff(reference: Any, chaos: Any, limit: int, *, exact_floats: bool = True) -> dict[str, Any]:
+    """``{"differences": [{"entry", "reference", "chaos"}...], "more": N}``: the first ``limit``
+    entries that differ (tensors bit for bit, by digest; with ``exact_floats`` off, floating
+    tensors and floats are left to the envelope and not compared)."""
+    digest = None
+    a, b = flatten(reference), flatten(chaos)
+    found = []
+    for entry in sorted(set(a) | set(b)):
+        if entry not in a or entry not in b:
+            found.append(
+                {
+                    "entry": entry,
+                    "reference": "absent" if entry not in a else "present",
+                    "chaos": "absent" if entry not in b else "present",
+                }
+            )
+            continue
+        x, y = a[entry], b[entry]
+        if hasattr(x, "detach") or hasattr(y, "detach"):
+            if not (hasattr(x, "detach") and hasattr(y, "detach")):
+                found.append({"entry": entry, "reference": type(x).__name__, "chaos": type(y).__name__})
+                continue
+            if x.shape != y.shape or x.dtype != y.dtype:
+                found.append(
+                    {"entry": entry, "reference": f"{x.dtype} {tuple(x.shape)}", "chaos": f"{y.dtype} {tuple(y.shape)}"}
+                )
+                continue
+            if not exact_floats and x.is_floating_point():
+                continue
+            digest = digest or _digest()
+            if digest(x) != digest(y):
+                scalar = x.dim() == 0  # a step count kept as a tensor (the optimizer's): show it
+                shown = (_show(x.item()), _show(y.item())) if scalar else ("differs", "differs")
+                found.append({"entry": entry, "reference": shown[0], "chaos": shown[1]})
+            continue
+        if not exact_floats and isinstance(x, float) and isinstance(y, float):
+            continue
+        if type(x) is not type(y) or x != y:
+            if x != x and y != y:  # both NaN
+                continue
+            found.append({"entry": entry, "reference": _show(x), "chaos": _show(y)})
+    for d in found:
+        d["rank"] = _rank(a.get(d["entry"], b.get(d["entry"])))
+    found.sort(key=lambda d: (d["rank"], d["entry"]))
+    return {"differences": found[:limit], "more": max(0, len(found) - limit)}
+
+
+def _rank(value: Any) -> int:
+    """Causes before consequences: counters and RNG states first (a step count, an epoch, a
+    scheduler's last_epoch, RNG words), then integer tensors, strings (digests of other files),
+    and last the floating tensors every divergence drags along."""
+    if hasattr(value, "detach"):
+        return 3 if value.is_floating_point() and value.dim() > 0 else 1
+    if isinstance(value, str):
+        return 2
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    reference_path, chaos_path, limit = argv[1], argv[2], int(argv[3])
+    import torch
+
+    try:
+        # Full unpickles, on purpose: this process is the job's own confinement.
+        reference = torch.load(reference_path, map_location="cpu", weights_only=False)
+        chaos = torch.load(chaos_path, map_location="cpu", weights_only=False)
+        answer = diff(reference, chaos, limit)
+    except Exception as exc:
+        answer = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

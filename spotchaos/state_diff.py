@@ -1,0 +1,172 @@
+"""Name the state a resume did not restore, and catch what no loss shows yet.
+
+The uninterrupted run's checkpoints are kept as they appear (a trainer rotates them away), and
+so are those a chaos run writes after a resume. Each of the latter is compared with the
+reference's of the same step, file by file and key by key through nested dicts, lists and
+tensors: ``trainer.pt:scheduler.last_epoch: 12 vs 13``, ``optimizer.pt:state.3.exp_avg:
+differs``. When the run diverged, that names the cause; when it did not, a difference is a
+*latent* failure: a scheduler counter restored wrong where it happens not to matter yet, an RNG
+nothing has drawn from yet.
+
+Files are loaded with ``torch.load(weights_only=True)`` through link-refusing fds; one that
+needs a full unpickle is compared inside the job's confinement (``confined/state_diff.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from .checkpoint_reader import WEIGHTS_ONLY_REFUSAL, ConfinedLoader
+from .confined.state_diff import diff
+from .errors import JobError
+from .extras import require
+from .safefs import UnsafeFile, open_beneath, regular_files
+
+KEPT = "kept-checkpoints"
+KEEP_BYTES = 256 << 20  # a checkpoint larger than this is not kept: said, not compared
+SHOWN = 8  # differences shown per checkpoint
+
+
+def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> None:
+    """Copy the checkpoint a ``checkpoint`` event reports (a file, or a folder of files) to
+    ``into/a<attempt>-s<step>/``: regular files only, no link followed, only from inside the run's
+    checkpoint directory, whole or not at all (the job may rotate it away while it is copied)."""
+    parsed = urlparse(event.get("uri", ""))
+    if parsed.scheme not in ("", "file"):
+        return  # S3: not kept (said in the verdict's note)
+    path = Path(os.path.normpath(unquote(parsed.path) or "."))
+    if not path.is_absolute() or not path.is_relative_to(checkpoints) or path == checkpoints:
+        return
+    # a log-adapter checkpoint by the key it stores (its step is re-credited once the uninterrupted
+    # run has taught the convention), a probe's by its step
+    label = f"k{event['stored']}" if "stored" in event else f"s{event['step']}"
+    final = into / f"a{attempt}-{label}"
+    if final.exists():
+        return
+    partial = into / f".partial-{final.name}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        files = regular_files(path) if path.is_dir() and not path.is_symlink() else [path]
+        total = 0
+        for file in files:
+            fd = open_beneath(checkpoints, file.relative_to(checkpoints))
+            with os.fdopen(fd, "rb") as source:
+                total += os.fstat(source.fileno()).st_size
+                if total > KEEP_BYTES:
+                    raise OverflowError
+                name = file.relative_to(path) if path.is_dir() else Path(file.name)
+                (partial / name).parent.mkdir(parents=True, exist_ok=True)
+                with open(partial / name, "xb") as target:
+                    shutil.copyfileobj(source, target)
+    except (OSError, UnsafeFile, OverflowError, ValueError):
+        shutil.rmtree(partial, ignore_errors=True)
+        return
+    partial.rename(final)
+
+
+@dataclass
+class StateDifference:
+    """The first checkpoint after a resume whose state differs from the reference's."""
+
+    attempt: int
+    label: str  # "s<step>" (a probe's checkpoint) or "k<stored step key>" (a log-adapter one)
+    differences: list[str] = field(default_factory=list)
+    more: int = 0
+
+    def describe(self, latent: bool) -> str:
+        shown = "; ".join(self.differences) + (f"; and {self.more} more" if self.more else "")
+        which = f"after step {self.label[1:]}" if self.label.startswith("s") else f"storing step {self.label[1:]}"
+        where = f"the checkpoint {which} (attempt {self.attempt}, after a resume)"
+        if latent:
+            return (
+                f"latent: the losses matched, but {where} holds state the uninterrupted run's does not: {shown} "
+                "— restored wrong where it happens not to matter yet (list entries that may differ in "
+                "state_diff_ignore)"
+            )
+        return f"state not restored: {where} differs from the uninterrupted run's: {shown}"
+
+
+def compare(
+    reference_kept: Path,
+    chaos_kept: Path,
+    *,
+    confined: ConfinedLoader | None,
+    ignore: tuple[str, ...] = (),
+    exact_floats: bool = True,
+) -> StateDifference | None:
+    """The first kept checkpoint of a resumed attempt that differs from the reference's of its step."""
+    kept = sorted(
+        (int(a), int(label[1:]), label, p)
+        for p in (chaos_kept.iterdir() if chaos_kept.is_dir() else [])
+        if p.name.startswith("a") and "-" in p.name
+        for a, label in [p.name[1:].split("-", 1)]
+        if a.isdigit() and int(a) > 0 and label[:1] in ("s", "k") and label[1:].lstrip("-").isdigit()
+    )
+    for attempt, _, label, path in kept:
+        reference = reference_kept / f"a0-{label}"
+        if not reference.is_dir():
+            continue
+        found, more = _compare_folders(reference, path, confined, ignore, exact_floats)
+        if found:
+            return StateDifference(attempt, label, found[:SHOWN], more + max(0, len(found) - SHOWN))
+    return None
+
+
+def _compare_folders(
+    reference: Path, chaos: Path, confined: ConfinedLoader | None, ignore: tuple[str, ...], exact_floats: bool
+) -> tuple[list[str], int]:
+    """Every file of two kept checkpoints, compared; differences ranked causes first (counters and
+    RNG states before the tensors a divergence drags along), across files."""
+    names = sorted({str(p.relative_to(reference)) for p in regular_files(reference)})
+    names = sorted(set(names) | {str(p.relative_to(chaos)) for p in regular_files(chaos)})
+    single = len(names) == 1
+    found: list[tuple[int, str]] = []
+    more = 0
+    for name in names:
+        a, b = reference / name, chaos / name
+        if not a.exists() or not b.exists():
+            found.append((0, f"{name}: {_presence(a)} vs {_presence(b)}"))
+            continue
+        result = _diff_files(a, b, confined, exact_floats)
+        more += result.get("more", 0)
+        for d in result["differences"]:
+            entry = d["entry"] if single else f"{name}:{d['entry']}"
+            if any(fnmatch.fnmatchcase(entry, pattern) for pattern in ignore):
+                continue
+            same = d["reference"] == d["chaos"]
+            rank = d["rank"] if isinstance(d.get("rank"), int) else 3
+            found.append((rank, f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"))
+    return [text for _, text in sorted(found)], more
+
+
+def _presence(path: Path) -> str:
+    return "present" if path.exists() else "absent"
+
+
+def _diff_files(a: Path, b: Path, confined: ConfinedLoader | None, exact_floats: bool) -> dict[str, Any]:
+    if a.suffix == ".json":
+        with contextlib.suppress(ValueError, OSError):
+            return diff(json.loads(a.read_text()), json.loads(b.read_text()), SHOWN * 4, exact_floats=exact_floats)
+    torch = require("torch", "torch", "comparing checkpoints")
+    try:
+        states = []
+        for path in (a, b):
+            with os.fdopen(open_beneath(path.parent, path.name), "rb") as f:
+                states.append(torch.load(f, map_location="cpu", weights_only=True))
+        return diff(states[0], states[1], SHOWN * 4, exact_floats=exact_floats)
+    except Exception as exc:  # pickle.UnpicklingError and its kin
+        if WEIGHTS_ONLY_REFUSAL not in str(exc) or confined is None:
+            return {"differences": [{"entry": "(file)", "reference": "unreadable", "chaos": str(exc)[:80]}]}
+    answer = confined.diff(a, b, SHOWN * 4)
+    if "error" in answer:
+        raise JobError(f"comparing {a.name} in the job's confinement: {answer['error']}")
+    return answer

@@ -1,0 +1,147 @@
+"""A job that is not deterministic on its own: its own verdict, or judged within its measured noise.
+
+fixtures/broken_nondeterministic.py is the reference trainer with a 1e-7 run-to-run gradient
+noise (from a generator nothing seeds, as GPU atomics or an unseeded RNG make); the broken
+trainers get the same noise through SPOTCHAOS_FIXTURE_GRAD_NOISE and must still fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spotchaos.config import JobSpec, job_from_mapping
+from spotchaos.determinism import Audit, Envelope, audit
+from spotchaos.errors import ConfigError, NotDeterministic
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure
+from spotchaos.strategies import preemption_plans
+from spotchaos.trajectory import Attempt, RunRecord
+
+from .helpers import FIXTURES
+
+NOISE = (("SPOTCHAOS_FIXTURE_GRAD_NOISE", "1e-7"),)
+
+
+def trainer(script: str, *, noise: bool = False, **settings) -> JobSpec:
+    command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "16", "--checkpoint-every", "4")
+    name = script.replace("_", "-") + ("-noisy" if noise else "")
+    return JobSpec(name=name, command=command, env=NOISE if noise else (), grace_seconds=10, **settings)
+
+
+def test_a_noisy_job_fails_with_the_determinism_verdict_never_a_resume_one(runner):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(trainer("broken_nondeterministic"), Plan.parse("sigkill@8"))
+    message = str(failure.value)
+    assert (
+        "the job is not deterministic without any preemption: attempt 0 differs from the uninterrupted run" in message
+    )
+    assert "before sigkill after step 8 reached it" in message and "this is not a resume bug" in message
+    assert "torch.use_deterministic_algorithms(True)" in message and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in message
+    assert "resuming" not in message
+
+
+def test_repeated_uninterrupted_runs_say_where_they_part_and_how_far(runner):
+    job = trainer("broken_nondeterministic", determinism_runs=3)
+    with pytest.raises(NotDeterministic, match=r"not bit-reproducible: 3 uninterrupted runs differ; they first differ"):
+        runner.reference(job)
+    found = runner.audit(job)
+    assert not found.reproducible and found.runs == 3 and found.max_loss_drift > 0
+    assert found.first_difference["field"] == "loss" and found.varying_tensors
+
+
+def test_a_deterministic_job_is_said_to_be_bit_reproducible(runner):
+    found = runner.audit(trainer("reference_trainer", determinism_runs=2))
+    assert found.reproducible and found.text().startswith("bit-reproducible: 2 uninterrupted runs agree")
+
+
+@pytest.mark.parametrize(
+    "plans",
+    [
+        lambda steps: preemption_plans(steps, faults=("sigterm",), max_preemptions=1),
+        lambda steps: preemption_plans(steps, faults=("sigkill",), max_preemptions=1),
+        lambda steps: preemption_plans(steps, max_preemptions=3),
+    ],
+    ids=["notice", "hard-kill", "chained"],
+)
+def test_under_envelope_mode_the_noisy_job_passes_the_preemption_scenarios(runner, plans):
+    runner.explore(trainer("broken_nondeterministic", exactness="envelope"), plans)
+
+
+def test_the_envelope_verdict_says_what_it_cannot_see(runner):
+    verdict = runner.check(trainer("broken_nondeterministic", exactness="envelope"), Plan.parse("sigterm@6"))
+    assert verdict.precision.startswith("within the envelope of 3 uninterrupted runs widened 4x")
+    assert "a defect smaller than the job's own noise cannot be seen" in verdict.precision
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("broken_no_rng_restore", r"loss diverged at step 8 \(attempt 1, the first step after resuming.*rng"),
+        ("broken_no_scheduler_restore", r"lr diverged at step 9 .*LR scheduler"),
+        ("broken_no_optimizer_restore", r"final weights differ in \d+ of \d+ tensor\(s\): optimizer"),
+        ("broken_step_off_by_one", r"step 8 is missing exactly where attempt 1 resumed"),
+    ],
+)
+def test_resume_bugs_larger_than_the_noise_still_fail_under_envelope_mode(runner, script, message):
+    with pytest.raises(ChaosFailure, match=message):
+        runner.check(trainer(script, noise=True, exactness="envelope"), Plan.parse("sigterm@6"))
+
+
+# The audit and the envelope alone, on records built by hand.
+
+
+def _run(losses: list[float], fingerprints: list[dict] | None = None, digests: dict | None = None) -> RunRecord:
+    events = [
+        {"event": "step", "step": step, "loss": loss.hex(), "fp": (fingerprints or [{}] * len(losses))[step]}
+        for step, loss in enumerate(losses)
+    ]
+    events.append({"event": "final", "step": len(losses) - 1, "digests": digests or {"w": "a"}})
+    return RunRecord(
+        job="j", plan="none", attempts=[Attempt(0, 0, 1.0, 0.1, events=events)], wall_seconds=1.0, workdir=""
+    )
+
+
+@pytest.mark.unit
+def test_the_audit_finds_the_first_difference_and_the_spread():
+    runs = [_run([1.0, 0.5, 0.25]), _run([1.0, 0.5, 0.2501]), _run([1.0, 0.5001, 0.25], digests={"w": "b"})]
+    found = audit(runs)
+    assert not found.reproducible and found.first_difference["step"] == 1
+    assert found.loss_spread == {1: pytest.approx(1e-4), 2: pytest.approx(1e-4)}
+    assert found.varying_tensors == ["w"]
+    assert audit([_run([1.0, 0.5]), _run([1.0, 0.5])]).reproducible
+
+
+@pytest.mark.unit
+def test_the_envelope_widens_the_spread_seen_so_far_and_ignores_fingerprints_that_vary():
+    fps = [{"lr": 0.1, "opt": "x"}, {"lr": 0.1, "opt": "y"}]
+    found = audit([_run([1.0, 0.5], fps), _run([1.0, 0.5001], [{"lr": 0.1, "opt": "z"}, {"lr": 0.1, "opt": "w"}])])
+    envelope = Envelope(found, factor=4)
+    ref = _run([1.0, 0.5], fps).steps
+    assert found.varying_fingerprints == ["opt"]
+    assert envelope.step_differences(ref[1], _run([1.0, 0.5003], fps).steps[1]) == []  # inside 4x 1e-4
+    assert envelope.step_differences(ref[1], _run([1.0, 0.501], fps).steps[1]) == ["loss"]
+    assert envelope.step_differences(ref[0], _run([1.0000001, 0.5], fps).steps[0]) == ["loss"]  # no noise at step 0
+    changed = _run([1.0, 0.5], [{"lr": 0.2, "opt": "q"}, {"lr": 0.1, "opt": "q"}]).steps[0]
+    assert envelope.step_differences(ref[0], changed) == ["lr"]  # equal in every uninterrupted run: exact
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"exactness": "close"}, r"exactness: must be 'bit' or 'envelope'"),
+        ({"exactness": "envelope", "determinism_runs": 1}, r"determinism_runs: envelope mode measures .* at least 2"),
+        ({"determinism_runs": 0}, r"determinism_runs: must be an integer from 1 to 20"),
+        ({"envelope_factor": 0.5}, r"envelope_factor: must be a factor"),
+    ],
+)
+def test_bad_determinism_settings_are_named(table, message):
+    with pytest.raises(ConfigError, match=message):
+        job_from_mapping("x", {"command": ["python", "t.py"], **table}, "pyproject.toml")
+
+
+@pytest.mark.unit
+def test_envelope_mode_measures_three_runs_unless_told():
+    assert JobSpec(name="a", command=("x",), exactness="envelope").uninterrupted_runs == 3
+    assert JobSpec(name="a", command=("x",)).uninterrupted_runs == 1
+    assert isinstance(audit([_run([1.0])]), Audit)

@@ -1,0 +1,105 @@
+"""The state diff: name what a resume did not restore, even when no loss shows it yet."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from spotchaos.config import JobSpec
+from spotchaos.confined.state_diff import diff
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure
+
+from .helpers import FIXTURES
+from .test_script_conventions import sidecar_job
+
+
+def trainer(script: str) -> JobSpec:
+    command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "16", "--checkpoint-every", "4")
+    return JobSpec(name=script.replace("_", "-"), command=command, grace_seconds=10)
+
+
+@pytest.mark.parametrize(
+    ("script", "named"),
+    [
+        ("broken_no_rng_restore", ["trainer.pt:rng.numpy", "trainer.pt:rng.python.1: differs", "trainer.pt:rng.torch"]),
+        ("broken_no_scheduler_restore", ["trainer.pt:scheduler.last_epoch: 12 vs 4"]),
+        ("broken_no_optimizer_restore", ["optimizer.pt:state.0.step: 12.0 vs 4.0"]),
+        ("broken_step_off_by_one", ["trainer.pt:position: 4 vs 3"]),
+    ],
+)
+def test_the_state_diff_names_what_each_broken_trainer_did_not_restore(runner, script, named):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(trainer(script), Plan.parse("sigterm@6"))
+    line = next(x for x in str(failure.value).splitlines() if "state not restored" in x)
+    assert "the checkpoint after step 11 (attempt 1, after a resume) differs from the uninterrupted run's" in line
+    for entry in named:
+        assert entry in line, line
+    weights = line.find("model.pt")  # causes come before the weights they drag along
+    assert weights == -1 or line.index(named[0]) < weights
+
+
+def test_a_correct_resume_leaves_no_state_difference(runner):
+    verdict = runner.check(trainer("reference_trainer"), Plan.parse("sigkill@9,sigterm@13"))
+    assert verdict.passed and verdict.state_difference is None, verdict.message()
+
+
+def _every_7(script: str, **settings) -> JobSpec:
+    """The sidecar script saving every 7 steps, the step size of its StepLR: a kill after step 9
+    resumes from step 7, where a scheduler that starts over decays on the very same steps."""
+    base = sidecar_job()
+    command = (*(c.replace("sidecar_train.py", f"{script}.py") for c in base.command), "--save-every", "7")
+    return replace(base, name=script.replace("_", "-") + "-7", command=command, **settings)
+
+
+def test_a_scheduler_not_restored_is_a_latent_failure_though_every_loss_matched(runner):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(_every_7("broken_sidecar_no_scheduler"), Plan.parse("sigkill@9"))
+    message = str(failure.value)
+    assert "latent: the losses matched, but the checkpoint storing step 14 (attempt 1, after a resume)" in message
+    assert "scheduler.last_epoch: 14 vs 7" in message
+    assert "diverged" not in message and "final weights differ" not in message
+    assert runner.check(_every_7("sidecar_train"), Plan.parse("sigkill@9")).passed
+
+
+def test_entries_listed_as_ignored_may_differ(runner):
+    job = _every_7("broken_sidecar_no_scheduler", state_diff_ignore=("scheduler.*",))
+    assert runner.check(job, Plan.parse("sigkill@9")).passed
+
+
+@pytest.mark.unit
+def test_the_diff_walks_nested_state_and_ranks_causes_first():
+    import torch
+
+    reference = {
+        "model": {"w": torch.ones(3)},
+        "optimizer": {"state": {0: {"step": torch.tensor(12.0), "exp_avg": torch.zeros(3)}}},
+        "scheduler": {"last_epoch": 12, "_last_lr": [0.1]},
+        "rng": {"python": (3, tuple(range(625)), None)},
+    }
+    chaos = {
+        "model": {"w": torch.full((3,), 2.0)},
+        "optimizer": {"state": {0: {"step": torch.tensor(4.0), "exp_avg": torch.zeros(3)}}},
+        "scheduler": {"last_epoch": 4, "_last_lr": [0.1]},
+        "rng": {"python": (3, tuple(range(1, 626)), None)},
+        "extra": 1,
+    }
+    found = diff(reference, chaos, limit=3)
+    entries = [(d["entry"], d["reference"], d["chaos"]) for d in found["differences"]]
+    assert entries == [
+        ("extra", "absent", "present"),
+        ("rng.python.1", "625 values", "625 values"),  # RNG words: one entry, not 625
+        ("scheduler.last_epoch", "12", "4"),
+    ]
+    assert found["more"] == 2  # optimizer.state.0.step (12.0 vs 4.0), then model.w (differs)
+    rest = diff(reference, chaos, limit=10)["differences"][3:]
+    assert [(d["entry"], d["reference"], d["chaos"]) for d in rest] == [
+        ("optimizer.state.0.step", "12.0", "4.0"),
+        ("model.w", "differs", "differs"),
+    ]
+    assert diff(reference, reference, limit=3) == {"differences": [], "more": 0}
+    assert diff({"lr": 0.1, "w": torch.ones(2)}, {"lr": 0.2, "w": torch.zeros(2)}, 5, exact_floats=False) == {
+        "differences": [],
+        "more": 0,
+    }
