@@ -167,3 +167,33 @@ def _validated(text: str, code: int | None, path: Path) -> dict[str, Any]:
         "keys": [str(k) for k in keys[:20]] if isinstance(keys, list) else None,
         "holds": str(answer.get("holds", "")),
     }
+
+
+def tensor_distances(a: Path, b: Path, key: str | None = None) -> dict[str, list[float]]:
+    """Per tensor of two saved state dicts (under ``key``, if given): [max absolute difference,
+    max relative difference], for envelope mode. Weights-only loads through link-refusing fds;
+    a file that needs more, or holds no state dict, gives nothing (the digests still compare)."""
+    torch = require("torch", "torch", "measuring how far apart two runs' weights are")
+    states = []
+    for path in (a, b):
+        try:
+            with os.fdopen(open_beneath(path.parent, path.name), "rb") as f:
+                state = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception:
+            return {}
+        state = state.get(key) if key is not None and isinstance(state, dict) else state
+        if not isinstance(state, dict):
+            return {}
+        states.append(state)
+    out = {}
+    for name in sorted(set(states[0]) & set(states[1])):
+        x, y = states[0][name], states[1][name]
+        if not (hasattr(x, "detach") and hasattr(y, "detach")) or x.shape != y.shape or not x.is_floating_point():
+            continue
+        delta = (x.double() - y.double()).abs()
+        scale = x.double().abs().clamp_min(1e-12)
+        out[str(name)] = [
+            float(delta.max()) if delta.numel() else 0.0,
+            float((delta / scale).max()) if delta.numel() else 0.0,
+        ]
+    return out

@@ -30,7 +30,7 @@ from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
 from .leftovers import LiveJobs
 from .logadapter import LogEventReader, StepConvention
 from .plan import Plan, Preemption
-from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_RUN_ID
+from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_FINAL_TENSORS, ENV_RUN_ID
 from .processes import end_marked
 from .restarts import diagnose
 from .safefs import UnsafeFile, read_text_bounded
@@ -43,6 +43,7 @@ TAIL_BYTES = 4000
 FS_EVENTS_BYTES = 64 << 20
 CRASHPOINT_DIR = Path(__file__).resolve().parent / "crashpoint"
 FS_EVENTS = "fs-events.jsonl"
+FINAL_TENSORS = "final-tensors.pt"
 CHECKPOINT_PLACEHOLDER = "{checkpoint_dir}"
 
 
@@ -320,6 +321,8 @@ def _run_attempt(
     )
     if scratch is not None:
         env["TMPDIR"] = str(scratch)
+    if job.exactness == "envelope" and job.log is None:
+        env[ENV_FINAL_TENSORS] = str(folder / FINAL_TENSORS)  # the probe saves the weights themselves
     env.update(dict(options.extra_env))
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
     # an output directory writes where the harness works on copies.
@@ -411,6 +414,9 @@ def _run_attempt(
         stdout_tail=_tail(spec.stdout_path),
         stderr_tail=_tail(spec.stderr_path),
     )
+    if job.exactness == "envelope" and attempt.final is not None:
+        final_file = reader.final_path() if isinstance(reader, LogEventReader) else folder / FINAL_TENSORS
+        attempt.final_tensors = str(final_file) if final_file is not None else None
     if crash_at is not None:
         attempt.fault = _crash_record(crash_at, attempt, folder / FS_EVENTS)
     if attempt.fault is None and previous is not None and attempt.exit_code != 0 and options.judge_restarts:

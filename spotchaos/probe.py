@@ -32,6 +32,9 @@ ENV_CHECKPOINT_URI = "SPOTCHAOS_CHECKPOINT_URI"
 ENV_RUN_ID = "SPOTCHAOS_RUN_ID"
 ENV_ATTEMPT = "SPOTCHAOS_ATTEMPT"
 ENV_RANK = "SPOTCHAOS_RANK"
+# envelope mode: where final() also saves the tensors themselves, so the harness can measure how
+# far apart two runs' weights are (a digest only says whether they are equal)
+ENV_FINAL_TENSORS = "SPOTCHAOS_FINAL_TENSORS"
 
 __all__ = [
     "ENV_ATTEMPT",
@@ -247,6 +250,11 @@ class Probe:
     def final(self, tensors: Mapping[str, Any], *, step: int) -> None:
         """Training finished after step ``step``; ``tensors`` are the weights (and any state) to compare."""
         self.emit("final", step=int(step), digests=tensor_digests(tensors), memory=memory_peaks())
+        target = os.environ.get(ENV_FINAL_TENSORS)
+        if target:
+            import torch
+
+            torch.save({k: v.detach().cpu() for k, v in tensors.items() if hasattr(v, "detach")}, target)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
-from .checkpoint_reader import ConfinedLoader
+from .checkpoint_reader import ConfinedLoader, tensor_distances
 from .config import JobSpec
 from .determinism import HINT, Audit, Envelope
 from .determinism import audit as audit_runs
@@ -106,11 +106,14 @@ class SessionCore:
     def _audit(self, job: JobSpec, reference: RunRecord) -> Audit:
         """The job's other uninterrupted runs, compared with the reference: its own noise."""
         runs = [reference]
+        spread: dict[str, list[float]] = {}
         for index in range(2, job.uninterrupted_runs + 1):
             record = self.execute(job, Plan(), self.next_dir(f"{job.name}-uninterrupted-{index}"))
             runs.append(record)
+            for name, distance in self._weights_distance(job, reference, record).items():
+                spread[name] = [max(a, b) for a, b in zip(spread.get(name, [0.0, 0.0]), distance, strict=True)]
             self.discard(record)
-        result = audit_runs(runs)
+        result = audit_runs(runs, spread)
         log.info("job %s: %s", job.name, result.text())
         # for the report: whether the job is bit-reproducible, the mode it is judged in, its envelope
         reference.audit = {**result.to_dict(), "exactness": job.exactness, "envelope_factor": job.envelope_factor}
@@ -222,7 +225,10 @@ class SessionCore:
         reference = self.reference(job)
         workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
         record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed")
-        verdict = judge(reference, record, self.envelope(job))
+        envelope = self.envelope(job)
+        if envelope is not None and record.final is not None:  # how far its weights are from the reference's
+            record.final["tensor_spread"] = self._weights_distance(job, reference, record)
+        verdict = judge(reference, record, envelope)
         found = self._state_difference(job, reference, record)
         if found is not None:  # names the cause of a divergence, or is a latent failure of its own
             verdict.failures.append(found.describe(latent=verdict.passed))
@@ -235,6 +241,14 @@ class SessionCore:
         if verdict.passed:
             self.discard(record)
         return record, verdict
+
+    @staticmethod
+    def _weights_distance(job: JobSpec, reference: RunRecord, run: RunRecord) -> dict[str, list[float]]:
+        """Per final tensor, how far ``run``'s weights are from the reference's (envelope mode)."""
+        a, b = reference.attempts[-1].final_tensors, run.attempts[-1].final_tensors
+        if a is None or b is None:
+            return {}
+        return tensor_distances(Path(a), Path(b), job.log.final_key if job.log is not None else None)
 
     def _state_difference(self, job: JobSpec, reference: RunRecord, run: RunRecord) -> StateDifference | None:
         """The first checkpoint written after a resume whose state differs from the reference's."""

@@ -52,6 +52,7 @@ class Attempt:
     stdout_tail: str = ""
     stderr_tail: str = ""
     failed_restart: str | None = None  # a restart that exited non-zero before training: why, as far as seen
+    final_tensors: str | None = None  # envelope mode: the file holding its final weights' values
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["event"] == kind]
