@@ -34,7 +34,7 @@ from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
 from .redact import find_leaks
 from .safefs import captured_logs
-from .state_diff import KEPT, StateDifference
+from .state_diff import KEEP_BYTES, KEPT, StateDifference, too_big
 from .state_diff import compare as compare_kept
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
@@ -230,6 +230,9 @@ class SessionCore:
             record.final["tensor_spread"] = self._weights_distance(job, reference, record)
         verdict = judge(reference, record, envelope)
         found = self._state_difference(job, reference, record)
+        skipped = too_big(Path(record.workdir) / KEPT)
+        if skipped:
+            verdict.precision += f"; state diff: {len(skipped)} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
         if found is not None:  # names the cause of a divergence, or is a latent failure of its own
             verdict.failures.append(found.describe(latent=verdict.passed))
             verdict.passed = False

@@ -39,9 +39,11 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
     """Copy the checkpoint a ``checkpoint`` event reports (a file, or a folder of files) to
     ``into/a<attempt>-s<step>/``: regular files only, no link followed, only from inside the run's
     checkpoint directory, whole or not at all (the job may rotate it away while it is copied)."""
+    if event.get("reason") == "observed" and "stored" not in event:
+        return  # a log-adapter checkpoint credited to the step printed when it was seen: timing, not content
     parsed = urlparse(event.get("uri", ""))
     if parsed.scheme not in ("", "file"):
-        return  # S3: not kept (said in the verdict's note)
+        return  # S3 objects are not kept
     path = Path(os.path.normpath(unquote(parsed.path) or "."))
     if not path.is_absolute() or not path.is_relative_to(checkpoints) or path == checkpoints:
         return
@@ -62,6 +64,7 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
             with os.fdopen(fd, "rb") as source:
                 total += os.fstat(source.fileno()).st_size
                 if total > KEEP_BYTES:
+                    (into / f"{final.name}.too-big").write_text(str(total))
                     raise OverflowError
                 name = file.relative_to(path) if path.is_dir() else Path(file.name)
                 (partial / name).parent.mkdir(parents=True, exist_ok=True)
@@ -170,3 +173,10 @@ def _diff_files(a: Path, b: Path, confined: ConfinedLoader | None, exact_floats:
     if "error" in answer:
         raise JobError(f"comparing {a.name} in the job's confinement: {answer['error']}")
     return answer
+
+
+def too_big(kept: Path) -> list[str]:
+    """The checkpoints a run wrote after a resume that were over KEEP_BYTES: not kept, not compared."""
+    if not kept.is_dir():
+        return []
+    return sorted(p.name.removesuffix(".too-big") for p in kept.glob("a*.too-big") if not p.name.startswith("a0-"))

@@ -368,9 +368,13 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
     return failures, outcomes
 
 
-def judge(reference: RunRecord, chaos: RunRecord, envelope: Envelope | None = None) -> Verdict:
+def judge(
+    reference: RunRecord, chaos: RunRecord, envelope: Envelope | None = None, *, faulted_from_start: bool = False
+) -> Verdict:
     """Compare a chaos run with the uninterrupted reference run of the same job: bit for bit, or
-    within the ``envelope`` the job's own uninterrupted runs measured (exactness = "envelope")."""
+    within the ``envelope`` the job's own uninterrupted runs measured (exactness = "envelope").
+    ``faulted_from_start``: faults acted from the first step (storage faults), so a difference in
+    attempt 0 is theirs to explain, not the job's own non-determinism."""
     failures: list[str] = []
     ref_steps = sorted({s.step for s in reference.steps})
     got_steps = {s.step for s in chaos.steps}
@@ -383,7 +387,7 @@ def judge(reference: RunRecord, chaos: RunRecord, envelope: Envelope | None = No
     failures.extend(failed_restarts)  # what follows from it (missing steps, no final) would only repeat it
     resumed = _resume_points(chaos.attempts)
     divergence = find_divergence(reference, chaos, resumed, envelope)
-    if divergence is not None and divergence.attempt == 0:
+    if divergence is not None and divergence.attempt == 0 and not faulted_from_start:
         failures.append(_not_deterministic(divergence, chaos, envelope))
     elif divergence is not None:
         failures.append(divergence.describe())

@@ -103,3 +103,22 @@ def test_the_diff_walks_nested_state_and_ranks_causes_first():
         "differences": [],
         "more": 0,
     }
+
+
+@pytest.mark.unit
+def test_checkpoints_are_kept_whole_inside_the_run_or_not_at_all_and_an_oversized_one_is_said(tmp_path, monkeypatch):
+    import spotchaos.state_diff as state_diff
+
+    root = tmp_path / "checkpoints"
+    (root / "ckpt-4").mkdir(parents=True)
+    (root / "ckpt-4" / "model.pt").write_bytes(b"x" * 100)
+    (root / "ckpt-4" / "outside").symlink_to("/etc/passwd")
+    kept = tmp_path / "kept"
+    state_diff.keep({"uri": (root / "ckpt-4").as_uri(), "step": 3}, 1, root, kept)
+    assert sorted(p.name for p in (kept / "a1-s3").iterdir()) == ["model.pt"]  # the link is never followed
+    state_diff.keep({"uri": "file:///etc", "step": 5}, 1, root, kept)  # outside the run: not kept
+    state_diff.keep({"uri": (root / "ckpt-4").as_uri(), "step": 9, "reason": "observed"}, 1, root, kept)
+    assert not (kept / "a1-s9").exists()  # a log-adapter file credited by timing, not by its content
+    monkeypatch.setattr(state_diff, "KEEP_BYTES", 10)
+    state_diff.keep({"uri": (root / "ckpt-4").as_uri(), "step": 7}, 1, root, kept)
+    assert not (kept / "a1-s7").exists() and state_diff.too_big(kept) == ["a1-s7"]

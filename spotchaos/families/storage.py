@@ -86,7 +86,7 @@ def check_storage(
             f"job {job.name!r}: {', '.join(idle)} never acted: the job made no S3 request it applies to "
             "(does it checkpoint through AWS_ENDPOINT_URL?)"
         )
-    verdict = judge(reference, run)
+    verdict = judge(reference, run, faulted_from_start=True)
     budget = job.checkpoint_budget_seconds
     blocking = checkpoint_blocking(run, unexplained_over=budget)
     problems = [] if verdict.passed else [verdict.message()]
@@ -149,7 +149,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
             f"job {job.name!r}: the checkpoint after step {torn} finished uploading before the kill "
             f"({size} bytes at {rate:.0f} B/s): nothing was torn, the scenario proves nothing"
         )
-    verdict = judge(reference, run)
+    verdict = judge(reference, run, faulted_from_start=True)
     problems = []
     if not verdict.passed:
         problems = [

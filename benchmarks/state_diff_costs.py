@@ -1,0 +1,79 @@
+"""What the state diff costs, as ratios measured in one run (never asserted in a test).
+
+- keeping a checkpoint as it appears (a link-refusing copy, done in the engine's poll loop)
+  against the job's own ``torch.save`` of the same state;
+- comparing two kept checkpoints key by key (two ``weights_only`` loads and a digest per
+  tensor) against one ``torch.load`` of the file;
+- learning nothing new: the same figures for a small (reference-trainer-sized) and a large state.
+
+    .venv/bin/python benchmarks/state_diff_costs.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from spotchaos.state_diff import _compare_folders, keep
+
+
+def timed(fn, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def state(megabytes: float) -> dict:
+    count = max(1, int(megabytes * (1 << 20) / 4 / 8))
+    g = torch.Generator().manual_seed(0)
+    model = {f"layer{i}.weight": torch.randn(count, generator=g) for i in range(8)}
+    return {"model": model, "optimizer": {"state": {0: {"step": torch.tensor(12.0)}}}, "step": 12}
+
+
+def measure(megabytes: float, repeats: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "checkpoints"
+        root.mkdir()
+        payload = state(megabytes)
+        path = root / "ckpt.pt"
+        save = timed(lambda: torch.save(payload, path), repeats)
+        load = timed(lambda: torch.load(path, weights_only=True), repeats)
+        into = Path(tmp) / "kept"
+        counter = iter(range(10**6))
+
+        def keep_once() -> None:
+            keep({"uri": path.as_uri(), "step": next(counter)}, 0, root, into)
+
+        copy = timed(keep_once, repeats)
+        kept = sorted(into.iterdir())
+        other = Path(tmp) / "other"
+        shutil.copytree(kept[0], other)
+        compare = timed(lambda: _compare_folders(kept[0], other, None, (), True), repeats)
+        size = path.stat().st_size / (1 << 20)
+        print(
+            f"{size:8.1f} MiB: torch.save {save * 1e3:8.1f} ms, "
+            f"keep {copy * 1e3:8.1f} ms ({copy / save:.2f}x the save), "
+            f"compare {compare * 1e3:8.1f} ms ({compare / load:.2f}x one load of {load * 1e3:.1f} ms)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for megabytes in (0.1, 16, 128):
+        measure(megabytes, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
