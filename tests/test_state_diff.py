@@ -122,3 +122,10 @@ def test_checkpoints_are_kept_whole_inside_the_run_or_not_at_all_and_an_oversize
     monkeypatch.setattr(state_diff, "KEEP_BYTES", 10)
     state_diff.keep({"uri": (root / "ckpt-4").as_uri(), "step": 7}, 1, root, kept)
     assert not (kept / "a1-s7").exists() and state_diff.too_big(kept) == ["a1-s7"]
+
+
+@pytest.mark.unit
+def test_values_named_like_times_hosts_and_pids_are_not_state_a_resume_restores():
+    reference = {"saved_at": 1.0, "hostname": "a", "meta": {"train_runtime": 2.0, "pid": 5}, "num_updates": 1}
+    chaos = {"saved_at": 2.0, "hostname": "b", "meta": {"train_runtime": 3.0, "pid": 6}, "num_updates": 2}
+    assert [d["entry"] for d in diff(reference, chaos, 5)["differences"]] == ["num_updates"]

@@ -12,11 +12,30 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 SHOWN_CHARS = 60  # a scalar shown in a difference: ``scheduler.last_epoch: 12 vs 13``
+# Plain values named like a moment, a duration, a machine or a process (``saved_at``, ``hostname``,
+# ``train_runtime``, ``pid``) differ between any two runs: not state a resume restores.
+VOLATILE = {
+    "time",
+    "timestamp",
+    "date",
+    "datetime",
+    "host",
+    "hostname",
+    "node",
+    "pid",
+    "runtime",
+    "elapsed",
+    "wall",
+    "duration",
+    "seconds",
+    "at",
+}
 
 
 def _digest():
@@ -91,6 +110,8 @@ def diff(reference: Any, chaos: Any, limit: int, *, exact_floats: bool = True) -
                 scalar = x.dim() == 0  # a step count kept as a tensor (the optimizer's): show it
                 shown = (_show(x.item()), _show(y.item())) if scalar else ("differs", "differs")
                 found.append({"entry": entry, "reference": shown[0], "chaos": shown[1]})
+            continue
+        if isinstance(x, SCALARS) and VOLATILE & set(re.split(r"[^a-z0-9]+", entry.rsplit(".", 1)[-1].lower())):
             continue
         if _hex_digest(x) and _hex_digest(y):
             continue  # a checksum of a file (a manifest's): the file itself is compared, and equal
