@@ -159,13 +159,8 @@ def _diff_files(a: Path, b: Path, confined: ConfinedLoader | None, exact_floats:
     if a.suffix == ".json":
         with contextlib.suppress(ValueError, OSError):
             return diff(json.loads(a.read_text()), json.loads(b.read_text()), SHOWN * 4, exact_floats=exact_floats)
-    torch = require("torch", "torch", "comparing checkpoints")
     try:
-        states = []
-        for path in (a, b):
-            with os.fdopen(open_beneath(path.parent, path.name), "rb") as f:
-                states.append(torch.load(f, map_location="cpu", weights_only=True))
-        return diff(states[0], states[1], SHOWN * 4, exact_floats=exact_floats)
+        return diff(_mapped(a), _mapped(b), SHOWN * 4, exact_floats=exact_floats)
     except Exception as exc:  # pickle.UnpicklingError and its kin
         if WEIGHTS_ONLY_REFUSAL not in str(exc) or confined is None:
             return {"differences": [{"entry": "(file)", "reference": "unreadable", "chaos": str(exc)[:80]}]}
@@ -173,6 +168,25 @@ def _diff_files(a: Path, b: Path, confined: ConfinedLoader | None, exact_floats:
     if "error" in answer:
         raise JobError(f"comparing {a.name} in the job's confinement: {answer['error']}")
     return answer
+
+
+def _mapped(path: Path) -> Any:
+    """A weights-only load of ``path``, memory-mapped where the format allows, so a big checkpoint's
+    tensors are paged in as each is digested rather than all read up front. The file is opened
+    without following a link; the map goes through that fd (``/proc/self/fd``), not the name, and
+    outlives it."""
+    torch = require("torch", "torch", "comparing checkpoints")
+    fd = open_beneath(path.parent, path.name)
+    try:
+        try:
+            return torch.load(f"/proc/self/fd/{fd}", map_location="cpu", weights_only=True, mmap=True)
+        except (RuntimeError, OSError, ValueError) as exc:
+            if "mmap" not in str(exc) and "zip" not in str(exc).lower() and "/proc" not in str(exc):
+                raise
+        with os.fdopen(os.dup(fd), "rb") as f:  # the legacy (non-zip) format: read whole
+            return torch.load(f, map_location="cpu", weights_only=True)
+    finally:
+        os.close(fd)
 
 
 def too_big(kept: Path) -> list[str]:
