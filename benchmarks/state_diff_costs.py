@@ -13,23 +13,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from trust_costs import timed  # the same median-of-repeats timer
 
 from spotchaos.state_diff import _compare_folders, keep
-
-
-def timed(fn, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def state(megabytes: float) -> dict:

@@ -98,11 +98,7 @@ class ConfinedLoader:
     def diff(self, reference: Path, chaos: Path, limit: int) -> dict[str, Any]:
         """``confined/state_diff.py`` on two checkpoint files: which entries differ."""
         text, code = self._run(DIFFER, (str(reference), str(chaos), str(limit)))
-        lines = [line for line in text.splitlines() if line.strip()]
-        try:
-            answer = json.loads(lines[-1]) if lines else None
-        except ValueError:
-            answer = None
+        answer = _last_json_line(text)
         if not isinstance(answer, dict):
             return {"error": f"no answer (exit status {code})"}
         if isinstance(answer.get("error"), str):
@@ -142,13 +138,18 @@ class ConfinedLoader:
         return read_text_bounded(out, ANSWER_BYTES), code
 
 
-def _validated(text: str, code: int | None, path: Path) -> dict[str, Any]:
-    """The loader's answer, checked like any output of the job (the pickle it read ran code)."""
+def _last_json_line(text: str) -> Any:
+    """A confined helper's answer: its last non-empty line, as JSON (None when it is not JSON)."""
     lines = [line for line in text.splitlines() if line.strip()]
     try:
-        answer = json.loads(lines[-1]) if lines else None
+        return json.loads(lines[-1]) if lines else None
     except ValueError:
-        answer = None
+        return None
+
+
+def _validated(text: str, code: int | None, path: Path) -> dict[str, Any]:
+    """The loader's answer, checked like any output of the job (the pickle it read ran code)."""
+    answer = _last_json_line(text)
     if not isinstance(answer, dict):
         raise JobError(f"reading {path.name} in the job's confinement gave no answer (exit status {code})")
     if isinstance(answer.get("error"), str):
