@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +54,26 @@ def summarize(state: Any, step_key: str | None, final_key: str | None) -> dict[s
     return summary
 
 
-def main(argv: list[str]) -> int:
-    path, step_key, final_key = argv[1], argv[2] or None, argv[3] or None
+def full_load(path: str) -> Any:
+    """A full unpickle, on purpose: this process is the job's own confinement (see the docstring)."""
     import torch
 
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def answer(compute: Callable[[], dict[str, Any]]) -> int:
+    """Print ``compute()`` as one JSON line, or the error it raised: the harness reads either."""
     try:
-        # A full unpickle, on purpose: this process is the job's own confinement (see the docstring).
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        answer = summarize(state, step_key, final_key)
+        result = compute()
     except Exception as exc:
-        answer = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    sys.stdout.write(json.dumps(answer) + "\n")
+        result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    sys.stdout.write(json.dumps(result) + "\n")
     return 0
+
+
+def main(argv: list[str]) -> int:
+    path, step_key, final_key = argv[1], argv[2] or None, argv[3] or None
+    return answer(lambda: summarize(full_load(path), step_key, final_key))
 
 
 if __name__ == "__main__":

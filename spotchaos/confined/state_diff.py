@@ -11,7 +11,6 @@ Usage: python state_diff.py REFERENCE_FILE CHAOS_FILE LIMIT   (one JSON line on 
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import sys
 from pathlib import Path
@@ -145,18 +144,12 @@ def _rank(value: Any) -> int:
 
 
 def main(argv: list[str]) -> int:
-    reference_path, chaos_path, limit = argv[1], argv[2], int(argv[3])
-    import torch
-
-    try:
-        # Full unpickles, on purpose: this process is the job's own confinement.
-        reference = torch.load(reference_path, map_location="cpu", weights_only=False)
-        chaos = torch.load(chaos_path, map_location="cpu", weights_only=False)
-        answer = diff(reference, chaos, limit)
-    except Exception as exc:
-        answer = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    sys.stdout.write(json.dumps(answer) + "\n")
-    return 0
+    reference, chaos, limit = argv[1], argv[2], int(argv[3])
+    try:  # a script run by path beside it, or a module of the package
+        from load_checkpoint import answer, full_load
+    except ImportError:
+        from .load_checkpoint import answer, full_load
+    return answer(lambda: diff(full_load(reference), full_load(chaos), limit))
 
 
 if __name__ == "__main__":
