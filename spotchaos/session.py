@@ -194,7 +194,8 @@ class SessionCore:
         uninterrupted run taught (that run comes first, with ``learn``)."""
         convention = None
         if job.log is not None and not learn:
-            self.reference(job)
+            if job.key() not in self._references:
+                self.reference(job)  # not on every run: its audit's own runs come through here
             convention = self._conventions[job.key()]
         with self._storage(job) as storage_env:
             hook = None

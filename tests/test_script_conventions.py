@@ -258,3 +258,9 @@ def _failed_verdict():
     from spotchaos.verdict import Verdict
 
     return Verdict(False, ["loss diverged at step 3"], None, [], [], [], 0, [], 20)
+
+
+def test_an_unmodified_script_can_be_audited_for_determinism(runner):
+    """Its repeated uninterrupted runs count steps the way the first one taught, and agree."""
+    found = runner.audit(plain_job("plain_train", steps=12, determinism_runs=2))
+    assert found.reproducible, found.text()
