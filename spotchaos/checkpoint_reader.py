@@ -83,6 +83,7 @@ class ConfinedLoader:
         cwd: Path,
         folder: Path,
         writable: tuple[Path, ...],
+        readable: tuple[Path, ...] = (),
     ) -> None:
         self.backend = backend
         self.python = "python" if in_container else sys.executable
@@ -90,6 +91,7 @@ class ConfinedLoader:
         self.cwd = cwd
         self.folder = folder
         self.writable = writable
+        self.readable = readable  # mounted read-only for the helper (the kept checkpoints it compares)
         self.runs = 0
 
     def __call__(self, path: Path, step_key: str | None, final_key: str | None) -> dict[str, Any]:
@@ -124,7 +126,7 @@ class ConfinedLoader:
             stderr_path=out.with_suffix(".err"),
             grace_seconds=1.0,
             writable=self.writable,
-            readable=(PACKAGE_DIR,),
+            readable=(PACKAGE_DIR, *self.readable),
         )
         handle = self.backend.start(spec)
         try:

@@ -34,7 +34,7 @@ from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_FINAL_TENSOR
 from .processes import end_marked
 from .restarts import diagnose
 from .safefs import UnsafeFile, read_text_bounded
-from .state_diff import KEPT, keep
+from .state_diff import keep, kept_dir
 from .trajectory import Attempt, FaultRecord, RunRecord
 
 log = logging.getLogger("spotchaos")
@@ -196,6 +196,8 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
     workdir = workdir.resolve()  # resolved once, now, while only the harness has touched it
     checkpoints = workdir / "checkpoints"
     checkpoints.mkdir()
+    if options.keep_checkpoints:
+        kept_dir(workdir).mkdir()  # the harness's own, made before the job starts: never a link the job made
     run_id = uuid.uuid4().hex[:12]
     cwd = (options.root / job.cwd) if job.cwd else options.root
     if not cwd.is_dir():
@@ -362,7 +364,7 @@ def _run_attempt(
     if options.keep_checkpoints == "all" or (options.keep_checkpoints == "resumed" and index > 0):
 
         def on_checkpoint(event: dict) -> None:
-            keep(event, index, checkpoints, workdir / KEPT)
+            keep(event, index, checkpoints, kept_dir(workdir))
 
     watch = _AttemptWatch(
         job, handle, reader, None if crash_at is not None else preemption, options.preempt_when, on_checkpoint

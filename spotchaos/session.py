@@ -34,7 +34,7 @@ from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
 from .redact import find_leaks
 from .safefs import captured_logs
-from .state_diff import KEEP_BYTES, KEPT, StateDifference, too_big
+from .state_diff import KEEP_BYTES, StateDifference, kept_dir, too_big
 from .state_diff import compare as compare_kept
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
@@ -231,7 +231,7 @@ class SessionCore:
             record.final["tensor_spread"] = self._weights_distance(job, reference, record)
         verdict = judge(reference, record, envelope)
         found = self._state_difference(job, reference, record)
-        skipped = too_big(Path(record.workdir) / KEPT)
+        skipped = too_big(kept_dir(record.workdir))
         if skipped:
             verdict.precision += f"; state diff: {len(skipped)} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
         if found is not None:  # names the cause of a divergence, or is a latent failure of its own
@@ -265,11 +265,12 @@ class SessionCore:
             env={**backend.inherited_environment(), **job.environment()},
             cwd=self.root / job.cwd if job.cwd else self.root,
             folder=Path(run.workdir),
-            writable=(Path(run.workdir), Path(reference.workdir)),
+            writable=(Path(run.workdir),),
+            readable=(kept_dir(reference.workdir), kept_dir(run.workdir)),
         )
         return compare_kept(
-            Path(reference.workdir) / KEPT,
-            Path(run.workdir) / KEPT,
+            kept_dir(reference.workdir),
+            kept_dir(run.workdir),
             confined=confined,
             ignore=job.state_diff_ignore,
             exact_floats=job.exactness == "bit",
@@ -301,9 +302,11 @@ class SessionCore:
         return record
 
     def discard(self, run: RunRecord) -> None:
-        """Remove a run's directory, unless passing runs are kept (--spotchaos-keep-runs)."""
+        """Remove a run's directory (and its kept checkpoints), unless passing runs are kept
+        (--spotchaos-keep-runs)."""
         if not self.keep_passing:
             shutil.rmtree(run.workdir, ignore_errors=True)
+            shutil.rmtree(kept_dir(run.workdir), ignore_errors=True)
 
     def containers(self) -> list[dict[str, Any]]:
         """Images the session's containers ran (name, id, digests), for the report."""
@@ -317,5 +320,6 @@ class SessionCore:
         if not self.keep_passing:
             for reference in self._references.values():
                 shutil.rmtree(reference.workdir, ignore_errors=True)
+                shutil.rmtree(kept_dir(reference.workdir), ignore_errors=True)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             self.workdir.rmdir()

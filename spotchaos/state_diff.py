@@ -30,9 +30,16 @@ from .errors import JobError
 from .extras import require
 from .safefs import UnsafeFile, open_beneath, regular_files
 
-KEPT = "kept-checkpoints"
+KEPT_SUFFIX = ".kept"
 KEEP_BYTES = 256 << 20  # a checkpoint larger than this is not kept: said, not compared
 SHOWN = 8  # differences shown per checkpoint
+
+
+def kept_dir(workdir: Path | str) -> Path:
+    """Where a run's kept checkpoints go: beside its folder, not in it, so no job (nor a container,
+    which gets only the run's folder) can plant a link where the harness writes its copies."""
+    workdir = Path(workdir)
+    return workdir.parent / f"{workdir.name}{KEPT_SUFFIX}"
 
 
 def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> None:
@@ -55,7 +62,7 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
         return
     partial = into / f".partial-{final.name}"
     shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    partial.mkdir()
     try:
         files = regular_files(path) if path.is_dir() and not path.is_symlink() else [path]
         total = 0

@@ -114,6 +114,7 @@ def test_checkpoints_are_kept_whole_inside_the_run_or_not_at_all_and_an_oversize
     (root / "ckpt-4" / "model.pt").write_bytes(b"x" * 100)
     (root / "ckpt-4" / "outside").symlink_to("/etc/passwd")
     kept = tmp_path / "kept"
+    kept.mkdir()
     state_diff.keep({"uri": (root / "ckpt-4").as_uri(), "step": 3}, 1, root, kept)
     assert sorted(p.name for p in (kept / "a1-s3").iterdir()) == ["model.pt"]  # the link is never followed
     state_diff.keep({"uri": "file:///etc", "step": 5}, 1, root, kept)  # outside the run: not kept
