@@ -61,8 +61,10 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
     if final.exists():
         return
     partial = into / f".partial-{final.name}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
+    try:
+        partial.mkdir()  # refuses anything already there, a link included
+    except OSError:
+        return
     try:
         files = regular_files(path) if path.is_dir() and not path.is_symlink() else [path]
         total = 0
@@ -77,10 +79,9 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
                 (partial / name).parent.mkdir(parents=True, exist_ok=True)
                 with open(partial / name, "xb") as target:
                     shutil.copyfileobj(source, target)
+        partial.rename(final)
     except (OSError, UnsafeFile, OverflowError, ValueError):
         shutil.rmtree(partial, ignore_errors=True)
-        return
-    partial.rename(final)
 
 
 @dataclass
