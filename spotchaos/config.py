@@ -173,6 +173,8 @@ class JobSpec:
             "resume": self.resume_command,
             "resume_args": self.resume_args,
             "resume_if_exists": self.resume_if_exists,
+            # envelope mode runs the job so it leaves its final tensors readable: its own reference
+            "exactness": self.exactness,
             "env": self.env,
             "cwd": self.cwd,
             "log": self.log.describe() if self.log else None,

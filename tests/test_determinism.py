@@ -147,4 +147,6 @@ def test_bad_determinism_settings_are_named(table, message):
 def test_envelope_mode_measures_three_runs_unless_told():
     assert JobSpec(name="a", command=("x",), exactness="envelope").uninterrupted_runs == 3
     assert JobSpec(name="a", command=("x",)).uninterrupted_runs == 1
+    # envelope mode runs the job differently (its final tensors are saved): never the bit job's reference
+    assert JobSpec(name="a", command=("x",), exactness="envelope").key() != JobSpec(name="a", command=("x",)).key()
     assert isinstance(audit([_run([1.0])]), Audit)
