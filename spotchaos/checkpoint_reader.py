@@ -174,8 +174,9 @@ def _validated(text: str, code: int | None, path: Path) -> dict[str, Any]:
 
 def tensor_distances(a: Path, b: Path, key: str | None = None) -> dict[str, list[float]]:
     """Per tensor of two saved state dicts (under ``key``, if given): [max absolute difference,
-    max relative difference], for envelope mode. Weights-only loads through link-refusing fds;
-    a file that needs more, or holds no state dict, gives nothing (the digests still compare)."""
+    the tensor's scale (its largest absolute value in ``a``)], for envelope mode. Weights-only
+    loads through link-refusing fds; a file that needs more, or holds no state dict, gives
+    nothing (the digests still compare)."""
     torch = require("torch", "torch", "measuring how far apart two runs' weights are")
     states = []
     for path in (a, b):
@@ -193,10 +194,7 @@ def tensor_distances(a: Path, b: Path, key: str | None = None) -> dict[str, list
         x, y = states[0][name], states[1][name]
         if not (hasattr(x, "detach") and hasattr(y, "detach")) or x.shape != y.shape or not x.is_floating_point():
             continue
-        delta = (x.double() - y.double()).abs()
-        scale = x.double().abs().clamp_min(1e-12)
-        out[str(name)] = [
-            float(delta.max()) if delta.numel() else 0.0,
-            float((delta / scale).max()) if delta.numel() else 0.0,
-        ]
+        if not x.numel():
+            continue
+        out[str(name)] = [float((x.double() - y.double()).abs().max()), float(x.double().abs().max())]
     return out

@@ -49,7 +49,7 @@ class Audit:
     fingerprint_spread: dict[str, dict[int, float]] = field(default_factory=dict)  # numeric fingerprints
     varying_fingerprints: list[str] = field(default_factory=list)  # non-numeric ones that differ between runs
     varying_tensors: list[str] = field(default_factory=list)  # final digests that differ between runs
-    tensor_spread: dict[str, list[float]] = field(default_factory=dict)  # name -> [max abs, max rel] difference
+    tensor_spread: dict[str, list[float]] = field(default_factory=dict)  # name -> [max abs difference, scale]
 
     def text(self) -> str:
         if self.reproducible:
@@ -190,15 +190,23 @@ class Envelope:
         tensor also differs between uninterrupted runs, and then only when its values (known when
         the run left them readable) are further from the reference's than ``factor`` x the spread."""
         values = (chaos.final or {}).get("tensor_spread") or {}
-        out = []
-        for name in differing:
-            if name not in self.audit.varying_tensors:
-                out.append(name)
-            elif name in self.audit.tensor_spread and name in values:
-                limit = self.audit.tensor_spread[name]
-                if values[name][0] > self.factor * limit[0]:
-                    out.append(name)
-        return out
+        spreads = self.audit.tensor_spread
+        return [
+            name
+            for name in differing
+            if name not in self.audit.varying_tensors
+            or (name in spreads and name in values and values[name][0] > self.tensor_tolerance(name))
+        ]
+
+    def tensor_tolerance(self, name: str) -> float:
+        """How far a final tensor may stray: ``factor`` x the widest spread any tensor showed
+        relative to its own scale, at this tensor's scale. One tensor's own spread, from a few runs
+        and maybe a single value (a bias's moment), is no estimate: it let a fourth run's optimizer
+        moment fail the noisy fixture."""
+        spreads = self.audit.tensor_spread
+        relative = max((d / s for d, s in spreads.values() if s > 0), default=0.0)
+        difference, scale = spreads[name]
+        return self.factor * max(difference, relative * scale)
 
     def note(self) -> str:
         """What envelope mode compared, and what it cannot see."""

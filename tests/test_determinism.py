@@ -151,3 +151,13 @@ def test_envelope_mode_measures_three_runs_unless_told():
     # envelope mode runs the job differently (its final tensors are saved): never the bit job's reference
     assert JobSpec(name="a", command=("x",), exactness="envelope").key() != JobSpec(name="a", command=("x",)).key()
     assert isinstance(audit([_run([1.0])]), Audit)
+
+
+@pytest.mark.unit
+def test_a_final_tensor_may_stray_as_far_as_the_noisiest_tensor_relative_to_its_scale():
+    """A bias's optimizer moment is one number: its own spread from two runs says nothing; the
+    widest spread any tensor showed, relative to that tensor's scale, does."""
+    found = audit([_run([1.0]), _run([1.0])], {"w": [1e-3, 1.0], "b": [1e-9, 0.5]})
+    envelope = Envelope(found, factor=4)
+    assert envelope.tensor_tolerance("b") == pytest.approx(4 * 1e-3 * 0.5)
+    assert envelope.tensor_tolerance("w") == pytest.approx(4e-3)
