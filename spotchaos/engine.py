@@ -16,9 +16,8 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlparse
 
 from .backends import Backend, Handle, LaunchSpec, SubprocessBackend
@@ -204,7 +203,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         raise JobError(f"{job.where('cwd')}: directory {cwd} does not exist")
     started = time.monotonic()
     attempts: list[Attempt] = []
-    learned: dict[str, Any] | None = None
+    convention = options.convention  # None until a log-adapter job's uninterrupted run teaches it
     for index in range(len(plan.preemptions) + 1):
         preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
         if index > 0 and options.before_restart is not None:
@@ -212,20 +211,17 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
             if swapped:
                 options = replace(options, extra_env=(*options.extra_env, *swapped.items()))
         previous = attempts[-1] if attempts else None
-        attempt, convention = _run_attempt(
+        attempt, learned = _run_attempt(
             job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous
         )
         attempts.append(attempt)
-        if convention is not None and learned is None:
-            learned = {**asdict(convention), **convention.describe(job.log)}
+        convention = convention or learned
         log.info("job %s, plan %s, attempt %d: %s", job.name, plan, index, _attempt_line(attempt))
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
     unfired, not_reached = _unfired(plan, attempts)
-    if learned is None and options.convention is not None and job.log is not None:
-        learned = {**asdict(options.convention), **options.convention.describe(job.log)}
     log.info("job %s, plan %s: %d attempt(s) in %.1f s", job.name, plan, len(attempts), time.monotonic() - started)
     return RunRecord(
         job=job.name,
@@ -235,7 +231,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         workdir=str(workdir),
         unfired=unfired,
         not_reached=not_reached,
-        convention=learned,
+        convention=convention.report(job.log) if convention is not None and job.log is not None else None,
     )
 
 

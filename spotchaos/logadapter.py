@@ -21,7 +21,7 @@ import re
 import stat
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,10 @@ class StepConvention:
     first_step: int = 0
     key_offset: int | None = 1  # None: no step key, a checkpoint is credited to the last printed step
     learned_from: str = "the defaults"
+
+    def report(self, spec: LogSpec) -> dict[str, Any]:
+        """What the run record (and so the report) carries: the fields and their description."""
+        return {**asdict(self), **self.describe(spec)}
 
     def describe(self, spec: LogSpec) -> dict[str, Any]:
         meaning = None
