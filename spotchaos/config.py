@@ -30,6 +30,7 @@ PYTHON_ALIASES = ("python", "python3")
 JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")
+LAUNCHERS = ("python", "torchrun")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,16 @@ class JobSpec:
     state_diff_ignore: tuple[str, ...] = ()
     parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
     storage: str = "local"  # "s3": checkpoints go to s3://<fresh bucket>/ckpt on the harness's moto
+    # "torchrun": the command runs under torchrun (TorchElastic), nproc_per_node ranks on each of
+    # nnodes "nodes" (agents on this machine, meeting at a c10d rendezvous on 127.0.0.1)
+    launcher: str = "python"
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    max_restarts: int = 0  # torchrun's --max-restarts: how often the agent restarts a failed group
+    rdzv_port: int | None = None  # the rendezvous port of a multi-node job; None: a free one
+    # how long every rank may go without an event before a hung rank is named (after a hang-rank
+    # fault, say); None: event_timeout_seconds
+    hang_timeout_seconds: float | None = None
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -127,9 +138,47 @@ class JobSpec:
                 "runs; leave it unset (3) or give 2 or more"
             )
         _check_number(self.envelope_factor, self.where("envelope_factor"), "a factor such as 4", 0.999, 1e6)
+        self._check_launcher()
         steps = self.cost.production_steps
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
             raise ConfigError(f"{self.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
+
+    def _check_launcher(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"{self.where('launcher')}: must be 'python' or 'torchrun', got {self.launcher!r}")
+        for key, high in (("nproc_per_node", 64), ("nnodes", 8), ("max_restarts", 100)):
+            value = getattr(self, key)
+            low = 0 if key == "max_restarts" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"{self.where(key)}: must be an integer from {low} to {high}, got {value!r}")
+        port = self.rdzv_port
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535):
+            raise ConfigError(f"{self.where('rdzv_port')}: must be a port from 1024 to 65535, got {port!r}")
+        if self.hang_timeout_seconds is not None:
+            _check_number(self.hang_timeout_seconds, self.where("hang_timeout_seconds"), "a number of seconds", 0, 1e6)
+        if self.launcher == "python" and (self.nproc_per_node, self.nnodes) != (1, 1):
+            raise ConfigError(
+                f'{self.where("nproc_per_node")}: ranks need launcher = "torchrun" (one process per rank); '
+                "a plain python job is one rank"
+            )
+        if self.launcher == "torchrun" and self.container is not None:
+            raise ConfigError(
+                f"{self.where('launcher')}: torchrun jobs run as local processes for now; a container's torchrun "
+                "(docker exec per rank) is not supported yet"
+            )
+        if self.launcher == "torchrun" and self.log is not None:
+            raise ConfigError(
+                f"{self.where('log')}: a torchrun job reports per rank through the probe (RANK is read from torchrun); "
+                "the log adapter reads one process's output"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def hang_seconds(self) -> float:
+        return self.hang_timeout_seconds if self.hang_timeout_seconds is not None else self.event_timeout_seconds
 
     @property
     def uninterrupted_runs(self) -> int:
@@ -180,6 +229,8 @@ class JobSpec:
             "log": self.log.describe() if self.log else None,
             "storage": self.storage,
         }
+        if self.launcher != "python":  # another world size is another trajectory: its own reference
+            shaping["launcher"] = [self.launcher, self.nproc_per_node, self.nnodes]
         if self.container is not None:  # another image may hold another torch: its own reference
             shaping["container"] = self.container.describe()
         return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
@@ -207,6 +258,7 @@ _NUMBER_KEYS = (
     "attempt_timeout_seconds",
     "overhead_budget",
     "checkpoint_budget_seconds",
+    "hang_timeout_seconds",
 )
 # Old names that still work, with a DeprecationWarning naming the new one (one name per concept:
 # every duration ends in _seconds).
@@ -235,6 +287,11 @@ _JOB_KEYS = {
     "state_diff_ignore",
     "parametrize",
     "storage",
+    "launcher",
+    "nproc_per_node",
+    "nnodes",
+    "max_restarts",
+    "rdzv_port",
     *_NUMBER_KEYS,
     *_RENAMED,
 }
@@ -333,7 +390,17 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         kwargs["parametrize"] = table["parametrize"]
     if "resume_args" in table:
         kwargs["resume_args"] = _command(table["resume_args"], where("resume_args"))
-    for key in ("resume_if_exists", "determinism_runs", "exactness", "envelope_factor"):
+    for key in (
+        "resume_if_exists",
+        "determinism_runs",
+        "exactness",
+        "envelope_factor",
+        "launcher",
+        "nproc_per_node",
+        "nnodes",
+        "max_restarts",
+        "rdzv_port",
+    ):
         if key in table:
             kwargs[key] = table[key]
     if "state_diff" in table:

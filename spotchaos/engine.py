@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from . import torchrun
 from .backends import Backend, Handle, LaunchSpec, SubprocessBackend
 from .checkpoint_reader import ConfinedLoader
 from .config import JobSpec
@@ -68,6 +69,10 @@ class EngineOptions:
     # keep copies of the checkpoints as they appear, for the state diff: "all" (the uninterrupted
     # run), "resumed" (those written by attempts after a resume), "" (none)
     keep_checkpoints: str = ""
+    # a torchrun job: the rank whose file-system events trace_fs logs (crash points are per rank)
+    trace_rank: int | None = None
+    # a torchrun job resumed on another world size: the ranks per node of every attempt after the first
+    resume_nproc: int | None = None
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -132,11 +137,17 @@ class _AttemptWatch:
         if self.first_event_at is None:
             self.first_event_at = now
         self.last_event_at = now
+        ranks = getattr(self.handle, "note_event", None)  # a torchrun job: which rank said what, and when
         for event in new:
-            if event["event"] == "step":
+            rank = event.get("rank", 0)
+            if event["event"] == "step" and rank == 0:  # rank 0's steps time the plan's faults
                 self.last_step = event["step"]
             elif event["event"] == "checkpoint" and self.on_checkpoint is not None:
                 self.on_checkpoint(event)
+            if ranks is not None and isinstance(rank, int):
+                if event["event"] == "start":
+                    self.handle.note_rank(rank, event.get("pid"))
+                ranks(rank, event["step"] if event["event"] == "step" else None)
 
     def _maybe_preempt(self, now: float) -> None:
         p = self.preemption
@@ -159,10 +170,15 @@ class _AttemptWatch:
 
     def _enforce_deadlines(self, now: float) -> None:
         if self.fault is not None and self.delivered_at is not None:
+            fault = PREEMPTIONS[self.fault.fault]
             if self.fault.grace_seconds is not None and now - self.delivered_at > self.fault.grace_seconds:
                 self.fault.grace_exceeded = True
                 self.handle.kill()  # the grace window is over: the provider pulls the plug
-            return  # the job is being preempted: the grace window, not hang detection, applies
+            if getattr(fault, "hangs", False):
+                self._detect_hang(now)
+                return
+            if not getattr(fault, "continues", False):
+                return  # the job is being preempted: the grace window, not hang detection, applies
         if self.first_event_at is None:
             if now - self.started > self.job.start_timeout_seconds and self.job.log is not None:
                 raise JobError(
@@ -174,6 +190,11 @@ class _AttemptWatch:
                     f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
                     f"(start_timeout_seconds). Does the trainer create a spotchaos.probe.Probe and call start()?"
                 )
+        elif self.job.launcher == "torchrun" and now - self.last_event_at > self.job.hang_seconds:
+            raise JobError(
+                f"job {self.job.name!r} hangs: no rank reported an event for {self.job.hang_seconds:g} s after step "
+                f"{self.last_step} (hang_timeout_seconds): {self.handle.describe_hang()}"
+            )
         elif now - self.last_event_at > self.job.event_timeout_seconds:
             where = f"after step {self.last_step}" if self.last_step is not None else "after its start event"
             limit = self.job.event_timeout_seconds
@@ -182,6 +203,19 @@ class _AttemptWatch:
             raise JobError(
                 f"job {self.job.name!r} ran past attempt_timeout_seconds ({self.job.attempt_timeout_seconds:g} s)"
             )
+
+    def _detect_hang(self, now: float) -> None:
+        """After a hang-rank fault: once no rank has reported for hang_timeout_seconds, name the
+        hung rank and end the job, as a watchdog would; the restart resumes like after a kill."""
+        fault = self.fault
+        if fault is None or fault.hang_detected_seconds is not None:
+            return
+        if now - max(self.last_event_at, self.delivered_at or now) > self.job.hang_seconds:
+            fault.hang_detected_seconds = now - (self.delivered_at or now)
+            fault.detail = (
+                f"{fault.detail}; detected after {fault.hang_detected_seconds:.1f} s: {self.handle.describe_hang()}"
+            )
+            self.handle.kill()
 
 
 def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> RunRecord:
@@ -211,8 +245,10 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
             if swapped:
                 options = replace(options, extra_env=(*options.extra_env, *swapped.items()))
         previous = attempts[-1] if attempts else None
+        resharded = index > 0 and options.resume_nproc is not None
+        attempt_job = replace(job, nproc_per_node=options.resume_nproc) if resharded else job
         attempt, learned = _run_attempt(
-            job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous
+            attempt_job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous
         )
         attempts.append(attempt)
         convention = convention or learned
@@ -222,6 +258,8 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
     unfired, not_reached = _unfired(plan, attempts)
+    if job.launcher == "torchrun":  # torchrun's agent restarted the worker group inside a launch
+        attempts = split_group_restarts(attempts)
     log.info("job %s, plan %s: %d attempt(s) in %.1f s", job.name, plan, len(attempts), time.monotonic() - started)
     return RunRecord(
         job=job.name,
@@ -240,8 +278,8 @@ def _attempt_line(attempt: Attempt) -> str:
     fault = attempt.fault
     if fault is None:
         what = "no fault"
-    elif fault.fault == "crash":
-        what = f"crash {fault.detail}"
+    elif fault.fault == "crash" or fault.fault.startswith("crash-rank"):
+        what = f"{fault.fault} {fault.detail}"
     else:
         what = f"{fault.fault} sent after step {fault.observed_step}"
     return f"{what}; exit {attempt.exit_code} after {attempt.wall_seconds:.1f} s"
@@ -260,7 +298,7 @@ def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]
             continue  # fired; or the attempt failed to restart, which the verdict says instead
         elif not attempt.steps and attempt.final is not None:  # resumed after the last step: nothing to preempt
             not_reached.append(f"{planned} (attempt {index}): no training was left when it started")
-        elif planned.fault == "crash":
+        elif planned.fs_event is not None:
             unfired.append(
                 f"{planned} never fired: attempt {index} made fewer than {planned.fs_event} file-system events "
                 "under its checkpoint directory (crash@N counts those events, not steps)"
@@ -308,6 +346,9 @@ def _run_attempt(
         env["SPOTCHAOS_CRASH_ROOT"] = str(checkpoints)
         env["SPOTCHAOS_CRASH_LOG"] = str(folder / FS_EVENTS)
         env["SPOTCHAOS_CRASH_AT"] = str(crash_at or 0)
+        rank = preemption.crash_rank if preemption is not None else None
+        if rank is not None or (options.trace_rank is not None and job.launcher == "torchrun"):
+            env["SPOTCHAOS_CRASH_RANK"] = str(rank if rank is not None else options.trace_rank)
     env.update(
         {
             ENV_EVENTS: str(events_path),
@@ -348,7 +389,7 @@ def _run_attempt(
     else:
         reader = EventReader(events_path)
     try:
-        handle = backend.start(spec)
+        handle = torchrun.start(backend, job, spec, run_id) if job.launcher == "torchrun" else backend.start(spec)
     except BaseException:  # never started: its temporary folder goes now, not with a cleanup that never runs
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -412,16 +453,57 @@ def _run_attempt(
         stdout_tail=_tail(spec.stdout_path),
         stderr_tail=_tail(spec.stderr_path),
     )
+    if job.launcher == "torchrun" and watch.fault is not None:
+        attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)
+        attempt.launcher_killed = torchrun.killed_workers(attempt.stderr_tail)
     if job.exactness == "envelope" and attempt.final is not None:
         final_file = reader.final_path() if isinstance(reader, LogEventReader) else folder / FINAL_TENSORS
         attempt.final_tensors = str(final_file) if final_file is not None else None
     if crash_at is not None:
-        attempt.fault = _crash_record(crash_at, attempt, folder / FS_EVENTS)
+        attempt.fault = _crash_record(crash_at, attempt, folder / FS_EVENTS, preemption.fault)
     if attempt.fault is None and previous is not None and attempt.exit_code != 0 and options.judge_restarts:
         attempt.failed_restart = diagnose(job, attempt, previous, checkpoints, list(argv) if resume else None)
     elif attempt.fault is None:
         _check_unprovoked_exit(job, attempt)
     return attempt, learned
+
+
+def split_group_restarts(attempts: list[Attempt]) -> list[Attempt]:
+    """One launch of a torchrun job may hold several runs of its worker group: the agent restarts
+    every rank when one dies (or a lost node's replacement joins). Each run becomes an attempt of
+    its own, as a restart by the harness would, so every verdict (resumed from the newest durable
+    checkpoint, steps replayed bit-exact) applies to it. A rank's n-th start event opens its n-th
+    group run; the fault stays with the run it hit, the exit and the damage with the last."""
+    split: list[Attempt] = []
+    for launch in attempts:
+        runs: list[list] = [[]]
+        starts: dict[int, int] = {}
+        for event in launch.events:
+            rank = event.get("rank", 0)
+            if event["event"] == "start":
+                starts[rank] = starts.get(rank, -1) + 1
+            group_run = max(starts.get(rank, 0), 0)
+            while len(runs) <= group_run:
+                runs.append([])
+            runs[group_run].append(event)
+        for number, events in enumerate(runs):
+            last = number == len(runs) - 1
+            part = replace(
+                launch,
+                index=len(split),
+                events=events,
+                fault=launch.fault if number == 0 else None,
+                damage=launch.damage if last else None,
+                exit_code=launch.exit_code if last else None,
+                failed_restart=launch.failed_restart if last else None,
+                group_restart=number,
+                launch=launch.index,
+            )
+            if number:
+                first = events[0]["t"] if events else launch.started_wall
+                part.started_wall, part.start_seconds = first, 0.0
+            split.append(part)
+    return split
 
 
 def read_fs_events(path: Path) -> list[dict]:
@@ -446,14 +528,15 @@ def read_fs_events(path: Path) -> list[dict]:
     return events
 
 
-def _crash_record(crash_at: int, attempt: Attempt, log: Path) -> FaultRecord | None:
-    """The crash as it happened, or None when the job never reached that file-system event."""
-    hit = [e for e in read_fs_events(log) if e["index"] == crash_at]
-    if not hit or attempt.exit_code != -9:
+def _crash_record(crash_at: int, attempt: Attempt, log: Path, name: str = "crash") -> FaultRecord | None:
+    """The crash as it happened, or None when the job never reached that file-system event (a
+    rank's crash ends the rank, not the launcher: its logged hit is the evidence)."""
+    hit = [e for e in read_fs_events(log) if e["index"] == crash_at] if log.exists() else []
+    if not hit or (attempt.exit_code != -9 and name == "crash"):
         return None
     steps = attempt.steps
     return FaultRecord(
-        fault="crash",
+        fault=name,
         planned_step=crash_at,
         observed_step=steps[-1].step if steps else -1,
         delivered_at=hit[0]["t"] - attempt.started_wall,

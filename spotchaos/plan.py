@@ -36,7 +36,12 @@ class Preemption:
     def fs_event(self) -> int | None:
         """For ``crash@N``, N: the job's N-th file-system event under its checkpoint directory (the
         crash point), not a training step; None for the other faults."""
-        return self.at_step if self.fault == "crash" else None
+        return self.at_step if self.fault == "crash" or self.fault.startswith("crash-rank") else None
+
+    @property
+    def crash_rank(self) -> int | None:
+        """For ``crash-rankR@N``, R: the one rank armed (a torchrun job); None for the others."""
+        return int(self.fault.removeprefix("crash-rank")) if self.fault.startswith("crash-rank") else None
 
     def __str__(self) -> str:
         text = f"{self.fault}@{self.at_step}"
@@ -75,7 +80,7 @@ class Plan:
         return [
             {
                 "fault": p.fault,
-                "at_fs_event" if p.fault == "crash" else "at_step": p.at_step,
+                "at_fs_event" if p.fs_event is not None else "at_step": p.at_step,
                 "damage": p.damage,
                 "pick": p.pick,
             }

@@ -32,6 +32,10 @@ ENV_CHECKPOINT_URI = "SPOTCHAOS_CHECKPOINT_URI"
 ENV_RUN_ID = "SPOTCHAOS_RUN_ID"
 ENV_ATTEMPT = "SPOTCHAOS_ATTEMPT"
 ENV_RANK = "SPOTCHAOS_RANK"
+# what torchrun (TorchElastic) tells each worker: its global rank, and how many times the agent
+# has restarted the worker group in this launch (a killed rank restarts every rank)
+ENV_TORCH_RANK = "RANK"
+ENV_TORCH_RESTARTS = "TORCHELASTIC_RESTART_COUNT"
 # envelope mode: where final() also saves the tensors themselves, so the harness can measure how
 # far apart two runs' weights are (a digest only says whether they are equal)
 ENV_FINAL_TENSORS = "SPOTCHAOS_FINAL_TENSORS"
@@ -154,11 +158,14 @@ class Probe:
     trainer can keep its probe calls in production.
     """
 
-    def __init__(self, path: str | None, *, run_id: str = "", attempt: int = 0, rank: int = 0) -> None:
+    def __init__(
+        self, path: str | None, *, run_id: str = "", attempt: int = 0, rank: int = 0, restart: int | None = None
+    ) -> None:
         self.path = path
         self.run_id = run_id
         self.attempt = attempt
         self.rank = rank
+        self.restart = restart  # torchrun's restart count of the worker group; None outside torchrun
         self._fd: int | None = None
         if path:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -170,7 +177,8 @@ class Probe:
             os.environ.get(ENV_EVENTS) or None,
             run_id=os.environ.get(ENV_RUN_ID, ""),
             attempt=int(os.environ.get(ENV_ATTEMPT, "0") or 0),
-            rank=int(os.environ.get(ENV_RANK, "0") or 0),
+            rank=int(os.environ.get(ENV_RANK) or os.environ.get(ENV_TORCH_RANK) or 0),
+            restart=int(os.environ[ENV_TORCH_RESTARTS]) if os.environ.get(ENV_TORCH_RESTARTS) else None,
         )
 
     @property
@@ -182,6 +190,8 @@ class Probe:
         if self._fd is None:
             return
         record = {"event": event, "t": time.time(), "rank": self.rank, **fields}
+        if self.restart is not None:
+            record["restart"] = self.restart
         line = json.dumps(record, separators=(",", ":"), sort_keys=True) + "\n"
         os.write(self._fd, line.encode())
 

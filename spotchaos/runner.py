@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .config import JobSpec
-from .families import budgets, crashpoints, preemption, storage
+from .families import budgets, crashpoints, distributed, preemption, storage
 from .families.budgets import BudgetFailure
 from .families.preemption import ChaosFailure, DamageNotApplied
 from .families.storage import StorageFailure
@@ -100,6 +100,20 @@ class ChaosRunner(SessionCore):
     ) -> dict[str, Any]:
         """S3 refuses the restart: a clear non-zero exit, no checkpoint changed, no secret shown."""
         return storage.check_storage_refusal(self, job, fault, record)
+
+    def check_shard_crash(self, job: JobSpec, rank: int = 1, record: ScenarioRecord | None = None) -> Verdict:
+        """Kill one rank as it writes its shard, before the ``.metadata``: resume from the previous checkpoint."""
+        return distributed.check_shard_crash(self, job, rank, record)
+
+    def check_reshard(self, job: JobSpec, resume_nproc: int, record: ScenarioRecord | None = None) -> dict[str, Any]:
+        """Preempt mid-epoch, resume on ``resume_nproc`` ranks per node: restored state and samples exact."""
+        return distributed.check_reshard(self, job, resume_nproc, record)
+
+    def determinism_baseline(
+        self, job: JobSpec, worlds: tuple[int, ...] = (2,), record: ScenarioRecord | None = None
+    ) -> list[dict[str, Any]]:
+        """Per world size: repeatable uninterrupted runs, and a bit-exact preempt-and-resume."""
+        return distributed.determinism_baseline(self, job, worlds, record)
 
 
 Session = ChaosRunner  # the public name: from spotchaos import Session

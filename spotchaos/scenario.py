@@ -74,6 +74,28 @@ class Scenario:
         """Fail when SIGTERM-to-durable-checkpoint takes more than half the grace window."""
         self._run(job, lambda record: self.runner.check_notice_flush(job, record))
 
+    def check_shard_crash(self, job: JobSpec, rank: int = 1) -> None:
+        """A torchrun job: kill ``rank`` as it writes its shard of a checkpoint, before the
+        ``.metadata``; the restart must resume from the previous complete checkpoint, bit-exact."""
+        self._run(job, lambda record: self.runner.check_shard_crash(job, rank, record), plans=1)
+
+    def check_reshard(self, job: JobSpec, resume_nproc: int) -> None:
+        """A torchrun job: preempt it mid-epoch and resume on ``resume_nproc`` ranks per node; the
+        restored tensors must equal the saved ones and every sample be seen exactly once."""
+        self._run(job, lambda record: self.runner.check_reshard(job, resume_nproc, record), plans=1)
+
+    def determinism_baseline(self, job: JobSpec, worlds: Sequence[int] = (2,)) -> None:
+        """A torchrun job: per world size, two uninterrupted runs and a preempt-and-resume, reported;
+        fails when a world size is not repeatable or does not resume bit-exact."""
+        self._run(job, lambda record: self._baseline(job, tuple(worlds), record), plans=len(worlds))
+
+    def _baseline(self, job: JobSpec, worlds: tuple[int, ...], record: ScenarioRecord) -> None:
+        rows = self.runner.determinism_baseline(job, worlds, record)
+        bad = [r for r in rows if not (r["repeatable"] and r["resume_bit_exact"])]
+        if bad:
+            lines = [f"{r['world']} ranks: {'; '.join(r['repeat_differences'] + r['failures'])}" for r in bad]
+            raise ScenarioFailure("not deterministic or not bit-exact at:\n" + "\n".join(lines))
+
     def check_upload_preemption(self, job: JobSpec) -> None:
         """Kill the job inside a slowed checkpoint upload: the previous checkpoint must stay the
         newest valid one and the restart resume from it bit-exact (``storage = "s3"`` jobs)."""

@@ -26,6 +26,7 @@ class FaultRecord:
     grace_seconds: float | None = None
     grace_exceeded: bool = False
     detail: str = ""  # for a crash point: the file-system event it died before
+    hang_detected_seconds: float | None = None  # hang-rank: from the stop until the harness named the rank
 
 
 @dataclass
@@ -53,26 +54,44 @@ class Attempt:
     stderr_tail: str = ""
     failed_restart: str | None = None  # a restart that exited non-zero before training: why, as far as seen
     final_tensors: str | None = None  # envelope mode: the file holding its final weights' values
+    # torchrun jobs: the launch this attempt belongs to and which run of its worker group it is
+    # (the agent restarts the group when a rank dies); whether the agent exited because of the notice
+    launch: int | None = None
+    group_restart: int = 0
+    launcher_signalled: bool = False
+    launcher_killed: bool = False  # the agent SIGKILLed workers 30 s after forwarding the notice
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["event"] == kind]
 
-    @property
-    def steps(self) -> list[StepRecord]:
+    def of_rank(self, kind: str, rank: int = 0) -> list[Event]:
+        """Events of one kind from one rank (a single-process job is rank 0)."""
+        return [e for e in self.events if e["event"] == kind and e.get("rank", 0) == rank]
+
+    def rank_steps(self, rank: int) -> list[StepRecord]:
         return [
             StepRecord(self.index, e["step"], e["loss"], dict(e.get("fp") or {}), e.get("seconds"))
-            for e in self.of_kind("step")
+            for e in self.of_rank("step", rank)
         ]
 
     @property
+    def ranks(self) -> list[int]:
+        return sorted({e.get("rank", 0) for e in self.events if isinstance(e.get("rank", 0), int)})
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        """Rank 0's steps: the trajectory every verdict compares first (each rank's: rank_steps)."""
+        return self.rank_steps(0)
+
+    @property
     def final(self) -> Event | None:
-        finals = self.of_kind("final")
+        finals = self.of_rank("final")
         return finals[-1] if finals else None
 
     @property
     def ready_seconds(self) -> float | None:
         """Launch until training ran its first step, less that step: start-up plus restore."""
-        steps = self.of_kind("step")
+        steps = self.of_rank("step")
         if not steps or not self.started_wall:
             return None
         return max(0.0, steps[0]["t"] - self.started_wall - float(steps[0].get("seconds") or 0.0))

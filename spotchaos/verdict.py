@@ -150,7 +150,7 @@ def _resume_points(attempts: list[Attempt]) -> dict[int, int | None]:
     """For each attempt, the step it resumed after (from its resume event or its first step)."""
     points: dict[int, int | None] = {}
     for attempt in attempts:
-        resumes = attempt.of_kind("resume")
+        resumes = attempt.of_rank("resume")
         if resumes:
             points[attempt.index] = resumes[0]["from_step"]
         elif attempt.index > 0 and attempt.steps:
@@ -203,7 +203,9 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
             continue
         ckpts = [e["step"] for e in attempt.of_kind("checkpoint") if e["step"] >= fault.observed_step]
         # a checkpoint after the signal, unless training ended before the notice could matter
-        ok = not fault.grace_exceeded and attempt.exit_code == 0 and (bool(ckpts) or attempt.final is not None)
+        # torchrun's agent exits 1 on the notice it forwarded: the ranks' checkpoint says how they ended
+        exited = attempt.exit_code == 0 or attempt.launcher_signalled
+        ok = not fault.grace_exceeded and exited and (bool(ckpts) or attempt.final is not None)
         results.append(
             GraceResult(
                 attempt=attempt.index,
@@ -220,8 +222,24 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
     return results
 
 
+# torchrun's agent SIGKILLs its workers this long after forwarding a SIGTERM (hard-coded)
+TORCHRUN_KILL_AFTER_SECONDS = 30.0
+
+
 def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
     signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
+    if attempt.launcher_killed and g.grace_seconds > TORCHRUN_KILL_AFTER_SECONDS:
+        return (
+            f"the 30-second trap: torchrun's agent SIGKILLed the ranks {TORCHRUN_KILL_AFTER_SECONDS:g} s after "
+            f"forwarding {signal}, before their emergency checkpoint was durable, although the provider's grace is "
+            f"{g.grace_seconds:g} s; torchrun's 30 s is hard-coded: the checkpoint must finish within it (save less "
+            "on notice, or checkpoint more often so the notice only finishes a step)"
+        )
+    if attempt.launcher_killed:
+        return (
+            f"torchrun's agent SIGKILLed the ranks {TORCHRUN_KILL_AFTER_SECONDS:g} s after forwarding {signal}, before "
+            "their emergency checkpoint was durable: it must finish within 30 s under torchrun"
+        )
     if attempt.fault is not None and attempt.fault.grace_exceeded:
         if attempt.fault.detail and not attempt.of_kind("notice"):
             return (

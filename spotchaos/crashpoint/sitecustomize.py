@@ -8,7 +8,9 @@ them, and kills the whole process at the chosen one: the crash lands exactly bet
 of a checkpoint write, rotation or load. Standard library only, like the probe.
 
 Environment: SPOTCHAOS_CRASH_ROOT (the checkpoint directory), SPOTCHAOS_CRASH_LOG (JSON lines
-of the events seen), SPOTCHAOS_CRASH_AT (1-based index of the event to die before; 0 logs only).
+of the events seen), SPOTCHAOS_CRASH_AT (1-based index of the event to die before; 0 logs only),
+SPOTCHAOS_CRASH_RANK (a torchrun job: only that rank, in the first run of its worker group, is
+armed and logs; the agent and the other ranks are left alone).
 """
 
 import json
@@ -83,6 +85,9 @@ def _hook(event, args):
         _local.busy = False
 
 
-if _ROOT:
+_RANK = os.environ.get("SPOTCHAOS_CRASH_RANK")
+_ARMED = _RANK is None or (os.environ.get("RANK") == _RANK and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
+
+if _ROOT and _ARMED:
     _ROOT = os.path.abspath(_ROOT)
     sys.addaudithook(_hook)

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from ..backends.base import Handle
 from .checkpoint import CHECKPOINT_FAULTS, CheckpointSet, Damage
+from .ranks import HangRank, KillRank, LoseNode, rank_fault
 from .signals import CrashPoint, HardKill, Notice
 
 
@@ -24,12 +25,33 @@ class PreemptionFault(Protocol):
     def apply(self, handle: Handle) -> None: ...
 
 
-PREEMPTIONS: dict[str, PreemptionFault] = {
-    "sigterm": Notice(whole_group=False),
-    "sigterm-group": Notice(whole_group=True),
-    "sigkill": HardKill(),
-    "crash": CrashPoint(),  # crash@N: N is a file-system event (Preemption.fs_event), not a training step
-}
+class _Preemptions(dict):
+    """The fixed faults by name, plus the rank faults named with their target (``kill-rank1``)."""
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or (isinstance(name, str) and rank_fault(name) is not None)
+
+    def __getitem__(self, name: str) -> PreemptionFault:
+        if super().__contains__(name):
+            return super().__getitem__(name)
+        fault = rank_fault(name)
+        if fault is None:
+            raise KeyError(name)
+        return fault
+
+    def __iter__(self):  # the names shown as known: the fixed ones, and the rank faults' patterns
+        yield from super().__iter__()
+        yield from ("kill-rankN", "hang-rankN", "lose-nodeN")
+
+
+PREEMPTIONS: dict[str, PreemptionFault] = _Preemptions(
+    {
+        "sigterm": Notice(whole_group=False),
+        "sigterm-group": Notice(whole_group=True),
+        "sigkill": HardKill(),
+        "crash": CrashPoint(),  # crash@N: N is a file-system event (Preemption.fs_event), not a training step
+    }
+)
 
 __all__ = [
     "CHECKPOINT_FAULTS",
@@ -37,7 +59,10 @@ __all__ = [
     "CheckpointSet",
     "CrashPoint",
     "Damage",
+    "HangRank",
     "HardKill",
+    "KillRank",
+    "LoseNode",
     "Notice",
     "PreemptionFault",
 ]

@@ -1,0 +1,178 @@
+"""Multi-rank jobs on torchrun: a rank killed inside its shard write, a resume on another world
+size, and how deterministic the job is at each world size.
+
+The rank-level preemptions (``kill-rank1@5``, ``hang-rank1@5``, ``lose-node1@5``) are plans like
+any other and run through :func:`spotchaos.families.preemption.check`; the session judges every
+rank of a torchrun job (:mod:`spotchaos.rank_verdict`). What needs more than one plan lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..config import JobSpec
+from ..engine import FS_EVENTS, read_fs_events
+from ..errors import ConfigError, SpotchaosError
+from ..plan import Plan, Preemption
+from ..rank_verdict import judge_ranks, rank_view, restored_differences, sample_coverage
+from ..record import ScenarioRecord, note_run
+from ..session import SessionCore
+from ..trajectory import RunRecord
+from ..verdict import Verdict, find_divergence
+from .preemption import ChaosFailure, check
+
+SHARD_SUFFIX = ".distcp"  # torch.distributed.checkpoint's shard files
+
+
+def _require_torchrun(job: JobSpec, what: str) -> None:
+    if job.launcher != "torchrun" or job.world_size < 2:
+        raise ConfigError(f"{what} needs a torchrun job with at least 2 ranks: {job.where('launcher')}")
+
+
+def shard_crash_point(core: SessionCore, job: JobSpec, rank: int) -> int:
+    """The file-system event at which ``rank`` opens its shard of the second checkpoint save
+    (the first may have nothing to fall back to): a crash there lands between its shard and the
+    coordinator's ``.metadata``."""
+    logs: list[list[dict[str, Any]]] = []
+
+    def read_log(run: RunRecord) -> None:
+        logs.append(read_fs_events(Path(run.workdir) / "attempt-0" / FS_EVENTS))
+
+    core.run_once(job, Plan(), "trace", read_log, trace_fs=True, trace_rank=rank)
+    folders: list[str] = []
+    for event in logs[0]:
+        if event["event"] == "open-write" and event["path"].endswith(SHARD_SUFFIX):
+            folder = str(Path(event["path"]).parent)
+            if folder not in folders:
+                folders.append(folder)
+            if len(folders) == 2:
+                return event["index"]
+    raise SpotchaosError(
+        f"job {job.name!r}: rank {rank} wrote no {SHARD_SUFFIX} shard in two checkpoint saves of its uninterrupted "
+        "run: does it save with torch.distributed.checkpoint under SPOTCHAOS_CHECKPOINT_URI?"
+    )
+
+
+def check_shard_crash(core: SessionCore, job: JobSpec, rank: int = 1, record: ScenarioRecord | None = None) -> Verdict:
+    """Kill ``rank`` as it starts writing its shard of a checkpoint, before the ``.metadata``
+    exists: the restart must resume from the previous complete checkpoint, bit-exact."""
+    _require_torchrun(job, "a shard crash")
+    plan = Plan((Preemption(shard_crash_point(core, job, rank), f"crash-rank{rank}"),))
+    return check(core, job, plan, record)
+
+
+def check_reshard(
+    core: SessionCore, job: JobSpec, resume_nproc: int, record: ScenarioRecord | None = None
+) -> dict[str, Any]:
+    """Preempt ``job`` mid-epoch and resume it on ``resume_nproc`` ranks per node: the steps before
+    the preemption bit-exact, the restored tensors equal to the saved ones bit for bit, every
+    sample of every epoch seen exactly once across the resume, and the training finished."""
+    _require_torchrun(job, "resharding")
+    if resume_nproc == job.nproc_per_node:
+        raise ConfigError(f"resharding {job.name!r}: resume on another number of ranks than {job.nproc_per_node}")
+    reference = core.reference(job)
+    checkpoints = core.checkpoint_steps(job)
+    if len(checkpoints) < 2:
+        raise SpotchaosError(f"job {job.name!r} reported fewer than 2 checkpoints: nothing to reshard after")
+    plan = Plan((Preemption(checkpoints[1] + 2, "sigterm"),))
+    workdir = core.next_dir(f"{job.name}-reshard{resume_nproc}")
+    run = core.execute(job, plan, workdir, judge_restarts=True, resume_nproc=resume_nproc)
+    verdict = judge_reshard(reference, run, job.world_size, resume_nproc * job.nnodes)
+    note_run(record, plan, run, verdict, reference)
+    figures = {
+        "saved_world": job.world_size,
+        "resumed_world": resume_nproc * job.nnodes,
+        "resumed_from": next((e["from_step"] for e in run.attempts[-1].of_rank("resume")), None),
+        "passed": verdict.passed,
+    }
+    if record is not None:
+        record.figures.setdefault("reshard", []).append(figures)
+    if not verdict.passed:
+        raise ChaosFailure(job.name, plan, verdict, run.workdir)
+    core.discard(run)
+    return figures
+
+
+def judge_reshard(reference: RunRecord, run: RunRecord, saved_world: int, resumed_world: int) -> Verdict:
+    """Pure: what a resume on another world size must keep (its losses have no reference)."""
+    failures: list[str] = []
+    before = replace(run, attempts=run.attempts[:1])
+    for rank in range(saved_world):
+        divergence = find_divergence(rank_view(reference, rank), rank_view(before, rank))
+        if divergence is not None:
+            failures.append(f"rank {rank} before the preemption: {divergence.describe()}")
+    later = run.attempts[1:]
+    worlds = {e.get("world") for a in later for e in a.of_kind("start")}
+    if later and worlds != {resumed_world}:
+        failures.append(f"the restart ran on world size(s) {sorted(map(str, worlds))}, not {resumed_world}")
+    saved = [e["step"] for e in run.attempts[0].of_kind("checkpoint")]
+    resumed = next((e["from_step"] for a in later for e in a.of_rank("resume")), None)
+    if saved and resumed != max(saved):
+        failures.append(
+            f"the restart on {resumed_world} ranks resumed after step {resumed}, not after step {max(saved)}, "
+            "the newest checkpoint the preempted run made durable"
+        )
+    missing = sorted({s.step for s in reference.steps} - {s.step for s in run.steps})
+    if missing:
+        failures.append(f"{len(missing)} step(s) never ran after resuming on {resumed_world} ranks: {missing[:10]}")
+    if run.final is None:
+        failures.append(f"the run resumed on {resumed_world} ranks never reported a 'final' event")
+    failures += restored_differences(run)
+    failures += sample_coverage(run)
+    if not any(a.of_kind("samples") for a in run.attempts):
+        failures.append("the job reported no 'samples' events: the data position across the resume is unchecked")
+    return Verdict(
+        passed=not failures,
+        failures=failures,
+        first_divergence=None,
+        missing_steps=missing,
+        unexpected_steps=[],
+        differing_tensors=[],
+        lost_steps=0,
+        grace=[],
+        reference_steps=len(reference.steps),
+        precision=f"saved on {saved_world} ranks, resumed on {resumed_world}: restored tensors and samples compared",
+    )
+
+
+def determinism_baseline(
+    core: SessionCore, job: JobSpec, worlds: tuple[int, ...] = (2,), record: ScenarioRecord | None = None
+) -> list[dict[str, Any]]:
+    """Per world size: do two uninterrupted runs agree bit for bit, and does a preempted one
+    resume bit-exact? Reported, so a multi-rank divergence is never blamed on the resume when the
+    job is not deterministic at that size (DDP's bucket order may change from 3 ranks)."""
+    _require_torchrun(job, "a determinism baseline")
+    rows = []
+    for world in worlds:
+        if world % job.nnodes:
+            raise ConfigError(f"world size {world} does not divide into {job.nnodes} node(s)")
+        sized = replace(job, nproc_per_node=world // job.nnodes)
+        reference = core.reference(sized)
+        again = core.run_once(sized, Plan(), "repeat")
+        differences = judge_ranks(reference, again)
+        divergence = find_divergence(reference, again)
+        if divergence is not None:
+            differences.insert(0, f"rank 0: {divergence.describe()}")
+        if (reference.final or {}).get("digests") != (again.final or {}).get("digests"):
+            differences.append("rank 0: final weights differ between two uninterrupted runs")
+        row: dict[str, Any] = {
+            "world": world,
+            "uninterrupted_seconds": round(reference.wall_seconds, 2),
+            "repeatable": not differences,
+            "repeat_differences": differences[:3],
+        }
+        steps = len(reference.steps)
+        plan = Plan((Preemption(steps // 2, "sigterm"),))
+        run, verdict = core.run(sized, plan)
+        row.update(
+            resume_bit_exact=verdict.passed,
+            cycle_seconds=round(run.wall_seconds, 2),
+            cycle_ratio=round(run.wall_seconds / reference.wall_seconds, 2),
+            failures=verdict.failures[:3],
+        )
+        rows.append(row)
+    if record is not None:
+        record.figures["determinism_by_world"] = rows
+    return rows

@@ -1,0 +1,318 @@
+"""Jobs under torchrun (TorchElastic): the agents of a job, the handle over all of them, and the
+rank-level faults (one rank killed, one rank stopped, a node lost and replaced).
+
+The job runs on the distributed engine its users run in production: ``python -m
+torch.distributed.run``, one agent per "node", a c10d rendezvous on 127.0.0.1. What that engine
+does is not reimplemented here, only observed and provoked: the agent forwards a SIGTERM to its
+workers and SIGKILLs them 30 s later whatever the provider's grace; it restarts the whole worker
+group when one rank dies (``--max-restarts``); workers run in sessions of their own, so only the
+run's marker variable finds them all. Ranks are known from the probe's ``start`` events (pid and
+rank) and trusted only once the process carries the run's marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .backends.base import Backend, Handle, LaunchSpec
+from .config import PYTHON_ALIASES, JobSpec
+from .errors import BackendError, JobError
+from .probe import ENV_RUN_ID
+from .processes import PROC, carrying, end, start_time
+
+# torchrun's local agent stops its workers with SIGTERM and sends SIGKILL this long after
+# (LocalElasticAgent._shutdown(timeout=30), not configurable from the command line)
+TORCHRUN_KILL_AFTER_SECONDS = 30.0
+ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>:<incarnation>": finds one node's processes
+MONITOR_INTERVAL = "0.1"  # how often an agent looks at its workers (seconds)
+
+
+def free_port() -> int:
+    """A port nothing listens on at 127.0.0.1 now (the rendezvous store binds it next)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port(job: JobSpec, port: int) -> None:
+    """A configured rendezvous port that is taken is the user's to fix, said before any agent starts."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise JobError(
+                    f"{job.where('rdzv_port')}: port {port} on 127.0.0.1 is already taken, so torchrun's rendezvous "
+                    "cannot listen there; free it or leave rdzv_port unset (a free port is picked)"
+                ) from None
+            raise
+
+
+def agent_argv(job: JobSpec, argv: tuple[str, ...], *, node: int, port: int, run_id: str) -> tuple[str, ...]:
+    """One node's torchrun command: the job's own command after torchrun's options."""
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={job.nproc_per_node}",
+        f"--nnodes={job.nnodes}",
+        f"--max-restarts={job.max_restarts}",
+        f"--monitor-interval={MONITOR_INTERVAL}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=is_host={1 if node == 0 else 0}",  # node 0 holds the store: the one never lost
+        "--local-addr=127.0.0.1",  # MASTER_ADDR on loopback, never the host name's address
+    ]
+    if argv[0] in (sys.executable, *PYTHON_ALIASES):
+        return (*launcher, *argv[1:])  # "-m module" and "script.py" are torchrun's own forms
+    return (*launcher, "--no-python", *argv)
+
+
+def loopback_environment() -> dict[str, str]:
+    """Collectives on loopback only: gloo and nccl bind the interface they are told."""
+    return {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+
+
+@dataclass
+class _Node:
+    index: int
+    spec: LaunchSpec
+    handle: Handle
+    incarnation: int = 0
+
+
+@dataclass
+class RankProcess:
+    rank: int
+    pid: int
+    started: int | None
+    last_event: float = field(default_factory=time.monotonic)
+    last_step: int | None = None
+
+
+class TorchrunHandle:
+    """Every agent of one attempt (one per node) and every rank they start, as one handle."""
+
+    def __init__(self, backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> None:
+        self.backend = backend
+        self.job = job
+        self.run_id = run_id
+        self.marker = f"{ENV_RUN_ID}={run_id}"
+        self.port = job.rdzv_port or free_port()
+        if job.rdzv_port:
+            check_port(job, self.port)
+        self.base_spec = spec
+        self.nodes: list[_Node] = []
+        self.ranks: dict[int, RankProcess] = {}
+        self.delivery_note = ""
+        self.lost: list[str] = []  # what lose_node did, for the fault record
+        try:
+            for node in range(job.nnodes):
+                node_spec = self._node_spec(node, 0)
+                self.nodes.append(_Node(node, node_spec, backend.start(node_spec)))
+        except BaseException:
+            self.cleanup()
+            raise
+        self.identity = {**getattr(self.nodes[0].handle, "identity", {})}
+
+    def _node_spec(self, node: int, incarnation: int) -> LaunchSpec:
+        spec = self.base_spec
+        suffix = "" if (node, incarnation) == (0, 0) else f".node{node}" + (f".r{incarnation}" if incarnation else "")
+        env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}:{incarnation}"}
+        argv = agent_argv(self.job, spec.argv, node=node, port=self.port, run_id=self.run_id)
+        return replace(
+            spec,
+            argv=argv,
+            env=env,
+            stdout_path=spec.stdout_path.with_name(spec.stdout_path.stem + suffix + ".log"),
+            stderr_path=spec.stderr_path.with_name(spec.stderr_path.stem + suffix + ".log"),
+        )
+
+    # --- what the engine learns from the events -------------------------------------------------
+    def note_rank(self, rank: int, pid: object) -> None:
+        """A rank said who it is (its start event); believed only if the process carries the run's marker."""
+        if not isinstance(pid, int) or pid <= 1 or pid not in carrying(self.marker):
+            return
+        self.ranks[rank] = RankProcess(rank, pid, start_time(pid))
+
+    def note_event(self, rank: int, step: int | None) -> None:
+        process = self.ranks.get(rank)
+        if process is not None:
+            process.last_event = time.monotonic()
+            if step is not None:
+                process.last_step = step
+
+    def _live_rank(self, rank: int) -> RankProcess:
+        process = self.ranks.get(rank)
+        if process is None or start_time(process.pid) != process.started:
+            known = ", ".join(str(r) for r in sorted(self.ranks)) or "none"
+            raise JobError(
+                f"job {self.job.name!r}: rank {rank} is not running (ranks that reported a start event: {known}; "
+                f"the job has {self.job.world_size} rank(s))"
+            )
+        return process
+
+    # --- rank-level faults ------------------------------------------------------------------------
+    def kill_rank(self, rank: int) -> None:
+        process = self._live_rank(rank)
+        end([process.pid])
+        self.delivery_note = f"rank {rank} (pid {process.pid}) SIGKILLed"
+
+    def stop_rank(self, rank: int) -> None:
+        process = self._live_rank(rank)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGSTOP)
+        self.delivery_note = f"rank {rank} (pid {process.pid}) stopped with SIGSTOP"
+
+    def lose_node(self, index: int) -> None:
+        if not 0 < index < len(self.nodes):
+            raise JobError(
+                f"job {self.job.name!r}: lose-node{index} needs a node {index} other than node 0, which holds the "
+                f"rendezvous store (the job has nnodes = {self.job.nnodes})"
+            )
+        node = self.nodes[index]
+        self._end_node(node)
+        self.delivery_note = f"node {index} lost (its agent and workers SIGKILLed)"
+
+    def _end_node(self, node: _Node) -> None:
+        node.handle.kill()
+        end(carrying(f"{ENV_NODE}={self.run_id}:{node.index}:{node.incarnation}"))
+
+    def describe_hang(self) -> str:
+        """Which rank hangs: a stopped one, else one behind the others, else every rank waiting."""
+        states = {rank: _state(p.pid) for rank, p in sorted(self.ranks.items()) if start_time(p.pid) == p.started}
+        stopped = [rank for rank, state in states.items() if state in ("T", "t")]
+        if stopped:
+            others = [r for r in states if r not in stopped]
+            waiting = f"; rank(s) {', '.join(map(str, others))} wait in a collective for it" if others else ""
+            return f"rank {stopped[0]} (pid {self.ranks[stopped[0]].pid}) is stopped (SIGSTOP){waiting}"
+        steps = {rank: p.last_step for rank, p in self.ranks.items() if rank in states}
+        known = [s for s in steps.values() if s is not None]
+        if known and min(known) < max(known):
+            behind = min((r for r, s in steps.items() if s is not None), key=lambda r: steps[r])
+            return (
+                f"rank {behind} (pid {self.ranks[behind].pid}) stopped reporting at step {steps[behind]} while others "
+                f"reached step {max(known)}: it hangs and they wait for it"
+            )
+        busy = [rank for rank, state in states.items() if state == "R"]
+        if busy and len(busy) < len(states):
+            pid = self.ranks[busy[0]].pid
+            return f"rank {busy[0]} (pid {pid}) runs while the others sleep: it never reaches the next collective"
+        alive = ", ".join(map(str, states)) or "none alive"
+        return f"every rank ({alive}) stopped reporting at the same step: no rank stands out"
+
+    # --- Handle -----------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        return self.nodes[0].handle.pid
+
+    def notify(self, signum: int, *, whole_group: bool) -> None:
+        """Every agent gets the notice (a job-wide preemption); ``whole_group``: every worker too."""
+        for node in self.nodes:
+            node.handle.notify(signum, whole_group=whole_group)
+        if whole_group:
+            for pid in carrying(self.marker):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.handle.kill()
+        end(carrying(self.marker))
+
+    def poll(self) -> int | None:
+        codes = [node.handle.poll() for node in self.nodes]
+        if any(code is None for code in codes):
+            return None
+        return next((code for code in codes if code), 0)
+
+    def wait(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + max(timeout, 0)
+        while True:
+            code = self.poll()
+            if code is not None or time.monotonic() >= deadline:
+                return code
+            time.sleep(0.05)
+
+    def survivors(self) -> list[int]:
+        return sorted({pid for node in self.nodes for pid in node.handle.survivors()} | set(carrying(self.marker)))
+
+    def cleanup(self) -> None:
+        deadline = time.monotonic() + 10
+        for pid in [p.pid for p in self.ranks.values()]:  # a stopped rank would not die until continued
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGCONT)
+        while True:
+            end(carrying(self.marker))
+            for node in self.nodes:
+                node.handle.kill()
+            if not carrying(self.marker) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        for node in self.nodes:
+            node.handle.cleanup()
+        left = carrying(self.marker)
+        if left:
+            raise BackendError(f"processes {left} of torchrun job {self.job.name!r} survived SIGKILL for 10 s")
+
+
+def _state(pid: int) -> str:
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return "?"
+    return text[text.rfind(")") + 2 :].split()[0]
+
+
+def start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> TorchrunHandle:
+    """Start every agent of one attempt of ``job``."""
+    if backend.name != "subprocess":
+        raise JobError(f"{job.where('launcher')}: torchrun jobs run on the subprocess backend, not {backend.name}")
+    return TorchrunHandle(backend, job, spec, run_id)
+
+
+def exited_on_notice(stderr_tail: str) -> bool:
+    """torchrun's agent answers a SIGTERM by stopping its workers and exiting 1 with this exception:
+    the exit is the launcher's, not a failed checkpoint (the ranks' events say how they ended)."""
+    return "SignalException" in stderr_tail and "got signal: 15" in stderr_tail
+
+
+def killed_workers(stderr_tail: str) -> bool:
+    """Whether the agent SIGKILLed workers that outlived its 30 s after the notice it forwarded."""
+    return "Unable to shutdown process" in stderr_tail and "forcefully exiting via" in stderr_tail
+
+
+def published_without_metadata(run_attempts: list, root: Path) -> list[str]:
+    """Checkpoints the job reported durable whose directory holds shards but no ``.metadata``
+    (torch.distributed.checkpoint's index, written by the coordinator after every shard): it was
+    published before every shard was durable. Only paths inside the run's own directory are
+    looked at, as text, never resolved."""
+    root = Path(os.path.abspath(root))
+    found = []
+    for attempt in run_attempts:
+        for event in attempt.of_kind("checkpoint"):
+            uri = str(event.get("uri", ""))
+            path = Path(os.path.normpath(uri.removeprefix("file://")))
+            if not path.is_relative_to(root) or path == root or os.path.islink(path) or not path.is_dir():
+                continue
+            if not os.path.lexists(path / ".metadata"):
+                found.append(
+                    f"checkpoint {path.name} (after step {event['step']}, attempt {attempt.index}) was reported "
+                    "durable but has no .metadata: it was published before every shard was written, so a rank killed "
+                    "in between leaves a checkpoint the restart trusts; publish (manifest, probe.checkpoint) last"
+                )
+    return found[:1]
+
+
+def log_paths(folder: Path) -> list[Path]:
+    """Every agent's logs of one attempt, node 0's first."""
+    return sorted(folder.glob("std*.log"))

@@ -1,0 +1,161 @@
+"""Multi-rank jobs on torchrun: the reference distributed trainer passes every rank-level fault,
+and each broken distributed trainer fails for its own reason. Real torchrun, real gloo on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from spotchaos.config import JobSpec, job_from_mapping, load_settings
+from spotchaos.errors import ConfigError, JobError
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure
+
+from .helpers import FIXTURES, ROOT
+
+
+def ddp_job(script: str = "ddp_trainer", name: str = "ddp", **changes) -> JobSpec:
+    """The pyproject.toml job (2 ranks, torchrun restarts the group once), another script or shape."""
+    job = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == name)
+    command = ("python", str(FIXTURES / f"{script}.py"), *job.command[2:])
+    return replace(job, command=command, name=f"{name}-{script}".replace("_", "-")[:60], **changes)
+
+
+def no_process_left(runner) -> list[int]:
+    """Processes of this runner's jobs still alive: their events file lies in its working directory
+    (other test workers run jobs of their own meanwhile)."""
+    needle = f"SPOTCHAOS_EVENTS={runner.workdir}".encode()
+    left = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(item.startswith(needle) for item in environ):
+                left.append(int(entry.name))
+    return left
+
+
+def test_single_and_chained_preemptions_resume_bit_exact(runner):
+    job = ddp_job()
+    assert runner.check(job, "sigterm@8").passed
+    verdict = runner.check(job, "sigterm@5,sigkill@14")
+    assert verdict.passed and verdict.grace and verdict.grace[0].ok, verdict.message()
+    assert not no_process_left(runner)
+
+
+def test_a_killed_rank_restarts_the_group_and_resumes_bit_exact(runner):
+    run, verdict = runner.run(ddp_job(), Plan.parse("kill-rank1@9"))
+    assert verdict.passed, verdict.message()
+    assert [a.group_restart for a in run.attempts] == [0, 1]  # torchrun's agent restarted it in one launch
+    assert run.attempts[1].of_rank("resume")[0]["from_step"] == 7
+
+
+def test_a_hung_rank_is_named_within_the_timeout_and_the_restart_resumes(runner):
+    run, verdict = runner.run(ddp_job(hang_timeout_seconds=3), Plan.parse("hang-rank1@9"))
+    assert verdict.passed, verdict.message()
+    fault = run.attempts[0].fault
+    assert fault.hang_detected_seconds is not None and fault.hang_detected_seconds < 3 + 2, fault
+    assert "rank 1 (pid" in fault.detail and "is stopped (SIGSTOP)" in fault.detail, fault.detail
+
+
+def test_a_lost_node_resumes_bit_exact(runner):
+    verdict = runner.check(ddp_job(name="ddp-2nodes"), "lose-node1@9")
+    assert verdict.passed, verdict.message()
+
+
+def test_a_damaged_shard_rolls_back(runner):
+    verdict = runner.check(ddp_job(), "sigkill@13:truncate-half~0.6")
+    assert verdict.passed and verdict.damage and verdict.damage[0].ok, verdict.message()
+
+
+def test_a_rank_killed_between_its_shard_and_the_metadata_resumes_from_the_previous_checkpoint(runner):
+    assert runner.check_shard_crash(ddp_job(), rank=1).passed
+
+
+def test_resuming_on_fewer_ranks_restores_the_saved_tensors_and_sees_every_sample_once(runner):
+    figures = runner.check_reshard(ddp_job(nproc_per_node=4), resume_nproc=2)
+    assert figures["saved_world"] == 4 and figures["resumed_world"] == 2 and figures["passed"]
+
+
+def test_broken_rank0_rng_is_named(runner):
+    with pytest.raises(ChaosFailure, match="drew from the same RNG state at step 10") as failure:
+        runner.check(ddp_job("broken_ddp_rank0_rng"), "sigterm@9")
+    assert "save and restore each rank's RNG under a key of its own" in str(failure.value)
+
+
+def test_broken_one_data_position_for_all_ranks_is_named(runner):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(ddp_job("broken_ddp_one_position"), "sigterm@9")
+    text = str(failure.value)
+    assert "rank 1: loss diverged at step 10" in text and "also differs at that step: batch" in text, text
+    assert "were trained on more than once across the resume" in text, text
+
+
+def test_broken_early_manifest_is_named(runner):
+    with pytest.raises(ChaosFailure, match=r"was reported durable but has no \.metadata: it was published before"):
+        runner.check_shard_crash(ddp_job("broken_ddp_early_manifest"), rank=1)
+
+
+def test_broken_drop_of_the_data_position_on_a_world_size_change_is_named(runner):
+    with pytest.raises(ChaosFailure, match=r"sample\(s\) of epoch 1 were trained on more than once across the resume"):
+        runner.check_reshard(ddp_job("broken_ddp_drops_position", nproc_per_node=4), resume_nproc=2)
+
+
+def test_a_taken_rendezvous_port_is_one_clear_error_and_nothing_runs(runner):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(JobError, match=f"port {port} on 127.0.0.1 is already taken"):
+            runner.check(ddp_job(rdzv_port=port), "sigterm@8")
+    assert not no_process_left(runner)
+
+
+def test_a_rank_that_never_joins_is_one_clear_error(runner, script):
+    command = script("import time\ntime.sleep(600)\n", name="never_joins.py")
+    job = JobSpec(name="never-joins", command=command, launcher="torchrun", nproc_per_node=2, start_timeout_seconds=8)
+    with pytest.raises(JobError, match="never started: no event within 8 s"):
+        runner.check(job, "sigterm@2")
+    assert not no_process_left(runner)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"launcher": "mpirun"}, "must be 'python' or 'torchrun'"),
+        ({"nproc_per_node": 2}, 'ranks need launcher = "torchrun"'),
+        ({"launcher": "torchrun", "nproc_per_node": 0}, "nproc_per_node: must be an integer from 1 to 64"),
+        ({"launcher": "torchrun", "rdzv_port": 80}, "rdzv_port: must be a port from 1024 to 65535"),
+        ({"launcher": "torchrun", "image": "x"}, "torchrun jobs run as local processes for now"),
+    ],
+)
+def test_bad_launcher_settings_name_the_key(table, message):
+    with pytest.raises(ConfigError, match=message):
+        job_from_mapping("j", {"command": "python t.py", **table}, "pyproject.toml")
+
+
+@pytest.mark.unit
+def test_the_agent_command_stays_on_loopback():
+    from spotchaos.torchrun import agent_argv
+
+    job = JobSpec(name="j", command=("python", "t.py"), launcher="torchrun", nproc_per_node=2, nnodes=2)
+    argv = agent_argv(job, job.argv(resume=False), node=1, port=29555, run_id="abc")
+    assert "--rdzv-endpoint=127.0.0.1:29555" in argv and "--local-addr=127.0.0.1" in argv
+    assert "--rdzv-conf=is_host=0" in argv and argv[-1] == "t.py" and "--nnodes=2" in argv
+
+
+@pytest.mark.unit
+def test_rank_fault_names_parse_and_unknown_ones_are_refused():
+    plan = Plan.parse("kill-rank1@3,hang-rank2@5,lose-node1@7,crash-rank1@4")
+    assert [p.fault for p in plan.preemptions] == ["kill-rank1", "hang-rank2", "lose-node1", "crash-rank1"]
+    assert plan.preemptions[3].fs_event == 4 and plan.preemptions[3].crash_rank == 1
+    with pytest.raises(ConfigError, match="kill-rankN"):
+        Plan.parse("kill-rank@3")

@@ -1,0 +1,59 @@
+"""The per-rank verdict on hand-made run records: pure, no process."""
+
+import pytest
+
+from spotchaos.rank_verdict import restored_differences, sample_coverage, shared_rng
+from spotchaos.trajectory import Attempt, RunRecord
+
+pytestmark = pytest.mark.unit
+
+
+def run(*attempts: list[dict]) -> RunRecord:
+    return RunRecord(
+        job="j",
+        plan="p",
+        attempts=[
+            Attempt(index=i, exit_code=0, wall_seconds=1, start_seconds=0, events=e) for i, e in enumerate(attempts)
+        ],
+        wall_seconds=1,
+        workdir="/nowhere",
+    )
+
+
+def samples(rank: int, step: int, epoch: int, ids: list[int]) -> dict:
+    return {"event": "samples", "rank": rank, "step": step, "epoch": epoch, "ids": ids}
+
+
+def test_every_sample_once_passes_and_a_replayed_step_replaces_its_first_run():
+    first = [samples(0, 0, 0, [0, 1]), samples(1, 0, 0, [2, 3]), samples(0, 1, 0, [4, 5])]
+    again = [samples(0, 1, 0, [4, 5]), samples(1, 1, 0, [6, 7]), samples(0, 2, 1, [3, 1])]
+    assert sample_coverage(run(first, again)) == []
+
+
+def test_a_sample_twice_in_an_epoch_and_one_never_seen_are_failures():
+    events = [samples(0, 0, 0, [0, 1]), samples(1, 0, 0, [0, 3]), samples(0, 1, 1, [0, 1, 2, 3])]
+    failures = sample_coverage(run(events))
+    assert "1 sample(s) of epoch 0 were trained on more than once" in failures[0]
+    assert "sample 0: step 0 on rank 0, step 0 on rank 1" in failures[0]
+    assert "1 sample(s) of epoch 0 were never trained on (e.g. sample 2)" in failures[1]
+
+
+def test_restored_tensors_must_equal_the_saved_ones():
+    saved = {"event": "saved", "uri": "file:///c/step-3", "digests": {"w": "a", "b": "b"}}
+    good = {"event": "restored", "rank": 1, "uri": "file:///c/step-3", "digests": {"w": "a", "b": "b"}}
+    bad = {**good, "digests": {"w": "a", "b": "x"}}
+    assert restored_differences(run([saved], [good])) == []
+    assert (
+        "rank 1 (attempt 1) restored step-3 but 1 of 2 tensor(s) differ from what was saved: b"
+        in (restored_differences(run([saved], [bad]))[0])
+    )
+
+
+def test_ranks_sharing_one_rng_state_after_a_resume_are_named():
+    def step(rank, number, rng):
+        return {"event": "step", "rank": rank, "step": number, "loss": "0x1p+0", "fp": {"rng": rng}}
+
+    reference = run([step(0, 1, "a"), step(1, 1, "b")])
+    assert shared_rng(reference, run([], [step(0, 1, "a"), step(1, 1, "b")])) == []
+    failure = shared_rng(reference, run([], [step(0, 1, "a"), step(1, 1, "a")]))
+    assert "ranks 0, 1 drew from the same RNG state at step 1" in failure[0]
