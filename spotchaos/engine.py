@@ -190,10 +190,15 @@ class _AttemptWatch:
                     f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
                     f"(start_timeout_seconds). Does the trainer create a spotchaos.probe.Probe and call start()?"
                 )
-        elif self.job.launcher == "torchrun" and now - self.last_event_at > self.job.hang_seconds:
+        elif self.job.launcher == "torchrun" and now - self.last_event_at > self._rank_silence_limit():
+            if self.handle.ranks_alive():
+                raise JobError(
+                    f"job {self.job.name!r} hangs: no rank reported an event for {self.job.hang_seconds:g} s after "
+                    f"step {self.last_step} (hang_timeout_seconds): {self.handle.describe_hang()}"
+                )
             raise JobError(
-                f"job {self.job.name!r} hangs: no rank reported an event for {self.job.hang_seconds:g} s after step "
-                f"{self.last_step} (hang_timeout_seconds): {self.handle.describe_hang()}"
+                f"job {self.job.name!r}: its torchrun agent started no rank for {self.job.start_timeout_seconds:g} s "
+                f"after step {self.last_step} (start_timeout_seconds): does its group restart fail to rendezvous?"
             )
         elif now - self.last_event_at > self.job.event_timeout_seconds:
             where = f"after step {self.last_step}" if self.last_step is not None else "after its start event"
@@ -203,6 +208,11 @@ class _AttemptWatch:
             raise JobError(
                 f"job {self.job.name!r} ran past attempt_timeout_seconds ({self.job.attempt_timeout_seconds:g} s)"
             )
+
+    def _rank_silence_limit(self) -> float:
+        """How long a torchrun job may be silent: hang_timeout_seconds while ranks run; while none
+        does (the agent restarting its group, the new ranks importing), start_timeout_seconds."""
+        return self.job.hang_seconds if self.handle.ranks_alive() else self.job.start_timeout_seconds
 
     def _detect_hang(self, now: float) -> None:
         """After a hang-rank fault: once no rank has reported for hang_timeout_seconds, name the

@@ -151,6 +151,11 @@ class TorchrunHandle:
             if step is not None:
                 process.last_step = step
 
+    def ranks_alive(self) -> bool:
+        """Whether any rank it knows still runs: none while the agent restarts the group (its new
+        ranks have not said who they are yet), when a hang is no rank's to name."""
+        return any(start_time(p.pid) == p.started for p in self.ranks.values())
+
     def _live_rank(self, rank: int) -> RankProcess:
         process = self.ranks.get(rank)
         if process is None or start_time(process.pid) != process.started:

@@ -70,6 +70,10 @@ def check_reshard(
     the preemption bit-exact, the restored tensors equal to the saved ones bit for bit, every
     sample of every epoch seen exactly once across the resume, and the training finished."""
     _require_torchrun(job, "resharding")
+    if not isinstance(resume_nproc, int) or isinstance(resume_nproc, bool) or not 1 <= resume_nproc <= 64:
+        raise ConfigError(
+            f"resharding {job.name!r}: resume_nproc: must be an integer from 1 to 64, got {resume_nproc!r}"
+        )
     if resume_nproc == job.nproc_per_node:
         raise ConfigError(f"resharding {job.name!r}: resume on another number of ranks than {job.nproc_per_node}")
     reference = core.reference(job)

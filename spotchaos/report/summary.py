@@ -41,6 +41,15 @@ def figure_lines(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
+def world_line(row: dict[str, Any]) -> str:
+    """One world size of a multi-rank determinism baseline, in words."""
+    return (
+        f"repeatable: {'yes' if row.get('repeatable') else 'no'}; preempt-and-resume bit-exact: "
+        f"{'yes' if row.get('resume_bit_exact') else 'no'}; cycle {row.get('cycle_ratio')}x an uninterrupted run "
+        f"({row.get('uninterrupted_seconds')} s)"
+    )
+
+
 def storage_line(item: dict[str, Any]) -> str:
     """One storage scenario's outcome: what S3 did, and what the job did about it."""
     verdict = "passed" if item.get("passed") else "FAILED"
