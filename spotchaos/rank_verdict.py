@@ -17,10 +17,23 @@ from pathlib import Path
 from .trajectory import RunRecord
 from .verdict import find_divergence
 
+BUCKET_ORDER_HINT = (
+    "; hint: every loss matched, only the weights' last bits differ: from 3 ranks a whole-bucket all-reduce sums "
+    "in an order that depends on DDP's bucket layout, which DDP rebuilds after the first step and a restart resets; "
+    "all-reduce each parameter on its own (a DDP comm hook, as fixtures/ddp_trainer.py does) to resume bit-exact"
+)
+
 PER_RANK_HINT = (
     "rank 0 matched, so what each rank keeps for itself was not restored per rank: its RNG stream (dropout) or "
     "its data position restored from rank 0, or not saved at all?"
 )
+
+
+def bucket_order_hint(failures: list[str], world_size: int, losses_matched: bool) -> list[str]:
+    """The final-weights failure, with the likely cause when only the weights differ from 3 ranks on."""
+    if world_size < 3 or not losses_matched:
+        return failures
+    return [f + BUCKET_ORDER_HINT if f.startswith("final weights differ") else f for f in failures]
 
 
 def rank_view(run: RunRecord, rank: int) -> RunRecord:

@@ -109,6 +109,13 @@ def test_broken_drop_of_the_data_position_on_a_world_size_change_is_named(runner
         runner.check_reshard(ddp_job("broken_ddp_drops_position", nproc_per_node=4), resume_nproc=2)
 
 
+def test_whole_bucket_allreduce_from_3_ranks_is_named(runner):
+    """Measured: with DDP's default all-reduce, 3 ranks resume with every loss equal and the final
+    weights' last bits different; the verdict names the bucket order."""
+    with pytest.raises(ChaosFailure, match="from 3 ranks a whole-bucket all-reduce sums in an order"):
+        runner.check(ddp_job("broken_ddp_bucket_allreduce", nproc_per_node=3), "sigterm@11")
+
+
 def test_the_30_second_trap_is_named_when_the_grace_is_longer(runner):
     """AWS gives 120 s; torchrun's agent SIGKILLs its workers 30 s after forwarding the notice, and
     this job's emergency checkpoint takes 40 s."""

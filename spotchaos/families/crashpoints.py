@@ -90,7 +90,8 @@ def resume_boundaries(core: SessionCore, job: JobSpec) -> tuple[Preemption, list
     steps = core.checkpoint_steps(job)
     if not steps:
         raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no load to crash inside")
-    kill = Preemption(min(steps[-1] + 1, len(core.reference(job).steps) - 2), "sigkill")
+    # right after the first checkpoint: far from the end, so the hard kill lands before the job finishes
+    kill = Preemption(min(steps[0] + 1, len(core.reference(job).steps) - 2), "sigkill")
     record, logs = trace(core, job, Plan((kill,)))
     if len(logs) < 2:
         raise SpotchaosError(f"job {job.name!r} finished before {kill} could interrupt it")
