@@ -185,6 +185,14 @@ class _AttemptWatch:
                     f"job {self.job.name!r}: no line of its {self.job.log.stream} matched {self.job.log.where}.pattern "
                     f"{self.job.log.pattern!r} within {self.job.start_timeout_seconds:g} s (start_timeout_seconds)"
                 )
+            if now - self.started > self.job.start_timeout_seconds and self.job.launcher == "torchrun":
+                raise JobError(
+                    f"job {self.job.name!r} never started: no rank reported an event within "
+                    f"{self.job.start_timeout_seconds:g} s (start_timeout_seconds). A rank that never joins the "
+                    f"rendezvous or init_process_group holds back all {self.job.world_size} (nnodes = "
+                    f"{self.job.nnodes}, nproc_per_node = {self.job.nproc_per_node}); does each create a "
+                    "spotchaos.probe.Probe and call start()?"
+                )
             if now - self.started > self.job.start_timeout_seconds:
                 raise JobError(
                     f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
@@ -561,9 +569,11 @@ def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
     last = attempt.steps[-1].step if attempt.steps else None
     at = f"after step {last}" if last is not None else "before its first step"
     if attempt.exit_code != 0:
+        died = torchrun.rank_errors(attempt.stderr_tail) if job.launcher == "torchrun" else ""
+        cause = f"the ranks died with: {died}" if died else f"stderr (last lines):\n{_last_lines(attempt.stderr_tail)}"
         raise JobError(
             f"job {job.name!r} exited with status {attempt.exit_code} in attempt {attempt.index} {at}, "
-            f"without any preemption due.\n  stderr (last lines):\n{_last_lines(attempt.stderr_tail)}"
+            f"without any preemption due.\n  {cause}"
         )
     if attempt.final is None:
         raise JobError(

@@ -89,5 +89,10 @@ def diagnose(
 
 
 def _stderr(attempt: Attempt, count: int = 8) -> str:
+    from .torchrun import rank_errors  # a torchrun job's last lines are its agent's banner, not the cause
+
+    died = rank_errors(attempt.stderr_tail)
+    if died:
+        return f"\n  the ranks died with: {died}"
     lines = [line for line in attempt.stderr_tail.splitlines() if line.strip()][-count:]
     return "\n  stderr (last lines):\n" + ("\n".join("    " + line for line in lines) or "    (empty)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import socket
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from .backends.base import Backend, Handle, LaunchSpec
 from .config import PYTHON_ALIASES, JobSpec
 from .errors import BackendError, JobError
+from .ports import free_port
 from .probe import ENV_RUN_ID
 from .processes import PROC, carrying, end, start_time
 
@@ -33,13 +35,6 @@ from .processes import PROC, carrying, end, start_time
 TORCHRUN_KILL_AFTER_SECONDS = 30.0
 ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>:<incarnation>": finds one node's processes
 MONITOR_INTERVAL = "0.1"  # how often an agent looks at its workers (seconds)
-
-
-def free_port() -> int:
-    """A port nothing listens on at 127.0.0.1 now (the rendezvous store binds it next)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_port(job: JobSpec, port: int) -> None:
@@ -289,6 +284,18 @@ def exited_on_notice(stderr_tail: str) -> bool:
     """torchrun's agent answers a SIGTERM by stopping its workers and exiting 1 with this exception:
     the exit is the launcher's, not a failed checkpoint (the ranks' events say how they ended)."""
     return "SignalException" in stderr_tail and "got signal: 15" in stderr_tail
+
+
+RANK_ERROR = re.compile(r"^\[rank(\d+)\]: ((?:[\w.]+)?(?:Error|Exception)\b.*)$", re.MULTILINE)
+
+
+def rank_errors(stderr_tail: str) -> str:
+    """The exception each rank died with, from torchrun's "[rankN]: ..." lines: under the agent's
+    own failure banner, these name the cause ("rank 1: RuntimeError: ..."); empty if none."""
+    last: dict[int, str] = {}
+    for match in RANK_ERROR.finditer(stderr_tail):
+        last[int(match.group(1))] = match.group(2)[:300]
+    return "; ".join(f"rank {rank}: {text}" for rank, text in sorted(last.items()))
 
 
 def killed_workers(stderr_tail: str) -> bool:

@@ -133,6 +133,17 @@ def test_a_reshard_to_the_same_or_no_ranks_is_refused(runner):
         runner.check_reshard(ddp_job(), resume_nproc=0)
 
 
+def test_a_job_that_cannot_resume_on_another_world_size_says_so_once(runner):
+    job = ddp_job(nproc_per_node=4)
+    job = replace(job, command=(*job.command, "--same-world-only"), name="ddp-same-world")
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check_reshard(job, resume_nproc=2)
+    text = str(failure.value)
+    assert "exited with status 1 before its first step" in text, text
+    assert "the ranks died with: rank 0: RuntimeError: checkpoint step-000009 was saved on 4 ranks" in text, text
+    assert not no_process_left(runner)
+
+
 def test_a_taken_rendezvous_port_is_one_clear_error_and_nothing_runs(runner):
     import socket
 
@@ -148,8 +159,9 @@ def test_a_taken_rendezvous_port_is_one_clear_error_and_nothing_runs(runner):
 def test_a_rank_that_never_joins_is_one_clear_error(runner, script):
     command = script("import time\ntime.sleep(600)\n", name="never_joins.py")
     job = JobSpec(name="never-joins", command=command, launcher="torchrun", nproc_per_node=2, start_timeout_seconds=8)
-    with pytest.raises(JobError, match="never started: no event within 8 s"):
+    with pytest.raises(JobError, match="never started: no rank reported an event within 8 s") as error:
         runner.check(job, "sigterm@2")
+    assert "A rank that never joins the rendezvous or init_process_group holds back all 2" in str(error.value)
     assert not no_process_left(runner)
 
 

@@ -101,6 +101,10 @@ def check_reshard(
 
 def judge_reshard(reference: RunRecord, run: RunRecord, saved_world: int, resumed_world: int) -> Verdict:
     """Pure: what a resume on another world size must keep (its losses have no reference)."""
+    precision = f"saved on {saved_world} ranks, resumed on {resumed_world}: restored tensors and samples compared"
+    failed = [a.failed_restart for a in run.attempts if a.failed_restart]
+    if failed:  # the restart on the new world size never trained: what follows would only repeat it
+        return _verdict(failed, [], len(reference.steps), precision)
     failures: list[str] = []
     before = replace(run, attempts=run.attempts[:1])
     for rank in range(saved_world):
@@ -127,6 +131,10 @@ def judge_reshard(reference: RunRecord, run: RunRecord, saved_world: int, resume
     failures += sample_coverage(run)
     if not any(a.of_kind("samples") for a in run.attempts):
         failures.append("the job reported no 'samples' events: the data position across the resume is unchecked")
+    return _verdict(failures, missing, len(reference.steps), precision)
+
+
+def _verdict(failures: list[str], missing: list[int], reference_steps: int, precision: str) -> Verdict:
     return Verdict(
         passed=not failures,
         failures=failures,
@@ -136,8 +144,8 @@ def judge_reshard(reference: RunRecord, run: RunRecord, saved_world: int, resume
         differing_tensors=[],
         lost_steps=0,
         grace=[],
-        reference_steps=len(reference.steps),
-        precision=f"saved on {saved_world} ranks, resumed on {resumed_world}: restored tensors and samples compared",
+        reference_steps=reference_steps,
+        precision=precision,
     )
 
 
