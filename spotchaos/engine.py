@@ -198,16 +198,20 @@ class _AttemptWatch:
                     f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
                     f"(start_timeout_seconds). Does the trainer create a spotchaos.probe.Probe and call start()?"
                 )
-        elif self.job.launcher == "torchrun" and now - self.last_event_at > self._rank_silence_limit():
-            if self.handle.ranks_alive():
+        elif self.job.launcher == "torchrun":  # silence is judged by whether ranks run, never by event_timeout
+            if now - self.last_event_at <= self._rank_silence_limit():
+                pass
+            elif self.handle.ranks_alive():
                 raise JobError(
                     f"job {self.job.name!r} hangs: no rank reported an event for {self.job.hang_seconds:g} s after "
                     f"step {self.last_step} (hang_timeout_seconds): {self.handle.describe_hang()}"
                 )
-            raise JobError(
-                f"job {self.job.name!r}: its torchrun agent started no rank for {self.job.start_timeout_seconds:g} s "
-                f"after step {self.last_step} (start_timeout_seconds): does its group restart fail to rendezvous?"
-            )
+            else:
+                raise JobError(
+                    f"job {self.job.name!r}: its torchrun agent started no rank for "
+                    f"{self.job.start_timeout_seconds:g} s after step {self.last_step} (start_timeout_seconds): "
+                    "does its group restart fail to rendezvous?"
+                )
         elif now - self.last_event_at > self.job.event_timeout_seconds:
             where = f"after step {self.last_step}" if self.last_step is not None else "after its start event"
             limit = self.job.event_timeout_seconds
