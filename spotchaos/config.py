@@ -249,6 +249,15 @@ class Settings:
 
     output: str = "spotchaos-report"
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
+    services: tuple[Any, ...] = field(default_factory=tuple)  # ServiceSpec (spotchaos.serving.spec)
+
+    def service(self, name: str) -> Any:
+        """The service declared as ``name``, or a ConfigError listing the declared ones."""
+        for service in self.services:
+            if service.name == name:
+                return service
+        known = ", ".join(s.name for s in self.services) or "none"
+        raise ConfigError(f"no service {name!r} in [tool.spotchaos.services] (declared: {known})")
 
 
 _NUMBER_KEYS = (
@@ -321,7 +330,7 @@ def _cost(table: Any, where: str) -> CostInputs:
     return CostInputs(**table)
 
 
-_TOP_KEYS = {"output", "jobs"}
+_TOP_KEYS = {"output", "jobs", "services"}
 
 
 def _command(value: Any, where: str) -> tuple[str, ...]:
@@ -441,7 +450,7 @@ def load_settings(pyproject: Path) -> Settings:
         raise ConfigError(f"{pyproject} [tool.spotchaos]: must be a table")
     unknown = sorted(set(table) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{pyproject} [tool.spotchaos].{unknown[0]}: unknown key (known: output, jobs)")
+        raise ConfigError(f"{pyproject} [tool.spotchaos].{unknown[0]}: unknown key (known: output, jobs, services)")
     output = table.get("output", Settings.output)
     if not isinstance(output, str) or not output:
         raise ConfigError(f"{pyproject} [tool.spotchaos].output: must be a non-empty string")
@@ -449,4 +458,10 @@ def load_settings(pyproject: Path) -> Settings:
     if not isinstance(jobs_table, Mapping):
         raise ConfigError(f"{pyproject} [tool.spotchaos].jobs: must be a table of jobs")
     jobs = tuple(job_from_mapping(name, job, str(pyproject)) for name, job in jobs_table.items())
-    return Settings(output=output, jobs=jobs)
+    services_table = table.get("services", {})
+    if not isinstance(services_table, Mapping):
+        raise ConfigError(f"{pyproject} [tool.spotchaos].services: must be a table of services")
+    from .serving.spec import service_from_mapping  # the services' own module: config stays about jobs
+
+    services = tuple(service_from_mapping(name, t, str(pyproject)) for name, t in services_table.items())
+    return Settings(output=output, jobs=jobs, services=services)

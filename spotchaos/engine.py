@@ -473,7 +473,8 @@ def _run_attempt(
         orphans=orphans,
         escaped=escaped,
         stdout_tail=_tail(spec.stdout_path),
-        stderr_tail=_tail(spec.stderr_path),
+        # torchrun's agent ends with a banner of its own: the ranks' exceptions are further up
+        stderr_tail=_tail(spec.stderr_path, TAIL_BYTES * (4 if job.launcher == "torchrun" else 1)),
     )
     if job.launcher == "torchrun" and watch.fault is not None:
         attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)

@@ -3,7 +3,8 @@
 ``pip install spotchaos`` brings what the core needs (the plugin, the engine, the verdict, the
 JSON and Markdown reports). The rest is opt-in: ``spotchaos[s3]`` (moto's server and boto3),
 ``spotchaos[docker]`` (the docker SDK), ``spotchaos[html]`` (Jinja2 and matplotlib for
-report.html), ``spotchaos[bench]`` (pytest-benchmark), ``spotchaos[fixtures]`` (torch, numpy and
+report.html), ``spotchaos[bench]`` (pytest-benchmark), ``spotchaos[serve]`` (httpx, uvicorn,
+Starlette), ``spotchaos[fixtures]`` (torch, numpy and
 crc32c for the bundled trainers), ``spotchaos[all]``.
 """
 

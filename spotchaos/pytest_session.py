@@ -81,7 +81,7 @@ def _declared_jobs(config: pytest.Config) -> Settings:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"job {duplicates[0]!r} is declared twice (pyproject.toml and pytest_spotchaos_jobs?)")
-    return Settings(output=settings.output, jobs=(*settings.jobs, *extra))
+    return Settings(output=settings.output, jobs=(*settings.jobs, *extra), services=settings.services)
 
 
 def start(config: pytest.Config) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .config import JobSpec
-from .families import budgets, crashpoints, distributed, preemption, storage
+from .families import budgets, crashpoints, distributed, preemption, serving, storage
 from .families.budgets import BudgetFailure
 from .families.preemption import ChaosFailure, DamageNotApplied
 from .families.storage import StorageFailure
@@ -25,6 +25,7 @@ from .trajectory import RunRecord
 from .verdict import Verdict
 
 if TYPE_CHECKING:
+    from .serving.spec import ServiceSpec
     from .storage import CredentialSwap, Fault
 
 __all__ = [
@@ -114,6 +115,10 @@ class ChaosRunner(SessionCore):
     ) -> list[dict[str, Any]]:
         """Per world size: repeatable uninterrupted runs, and a bit-exact preempt-and-resume."""
         return distributed.determinism_baseline(self, job, worlds, record)
+
+    def check_drain(self, service: ServiceSpec, record: ScenarioRecord | None = None) -> dict[str, Any]:
+        """The reclaim notice under load: every request answered or refused, the drain over before the kill."""
+        return serving.check_drain(self, service, record)
 
 
 Session = ChaosRunner  # the public name: from spotchaos import Session

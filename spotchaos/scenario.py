@@ -24,6 +24,7 @@ from .trajectory import RunRecord
 
 if TYPE_CHECKING:
     from .pytest_session import _State
+    from .serving.spec import ServiceSpec
     from .storage import CredentialSwap, Fault
 
 
@@ -96,6 +97,17 @@ class Scenario:
             lines = [f"{r['world']} ranks: {'; '.join(r['repeat_differences'] + r['failures'])}" for r in bad]
             raise ScenarioFailure("not deterministic or not bit-exact at:\n" + "\n".join(lines))
 
+    def service(self, name: str) -> ServiceSpec:
+        """A service declared in ``[tool.spotchaos.services.NAME]``."""
+        return self._state.settings.service(name)
+
+    def check_drain(self, service: ServiceSpec | str) -> None:
+        """A service through its reclaim notice under load (``service`` or its declared name): every
+        request in flight answered in full, none after the notice dropped, the drain over before the
+        kill; latency and the outcome of every request go to the report."""
+        spec = self.service(service) if isinstance(service, str) else service
+        self._run(spec, lambda record: self.runner.check_drain(spec, record), plans=1)
+
     def check_upload_preemption(self, job: JobSpec) -> None:
         """Kill the job inside a slowed checkpoint upload: the previous checkpoint must stay the
         newest valid one and the restart resume from it bit-exact (``storage = "s3"`` jobs)."""
@@ -133,7 +145,9 @@ class Scenario:
             if benchmark is not None and record.figures:
                 benchmark.extra_info.update(_benchmark_info(record.figures))
 
-    def _run(self, job: JobSpec, action: Callable[[ScenarioRecord], object], plans: int | None = None) -> None:
+    def _run(
+        self, job: JobSpec | ServiceSpec, action: Callable[[ScenarioRecord], object], plans: int | None = None
+    ) -> None:
         """One scenario: a record for the report (kept even if the session is interrupted), then
         ``action``; what it raises becomes a failure, an error, or a skip (no Docker, no GPU)."""
         record = ScenarioRecord(scenario=self._item.nodeid, job=job.name, seed=self._state.options.seed)

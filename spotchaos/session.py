@@ -318,6 +318,11 @@ class SessionCore:
         self.discard(record)
         return record
 
+    def discard_dir(self, workdir: Path) -> None:
+        """Remove a passing scenario's own directory (a service's logs), unless passing runs are kept."""
+        if not self.keep_passing:
+            shutil.rmtree(workdir, ignore_errors=True)
+
     def discard(self, run: RunRecord) -> None:
         """Remove a run's directory (and its kept checkpoints), unless passing runs are kept
         (--spotchaos-keep-runs)."""

@@ -48,12 +48,12 @@ def test_single_and_chained_preemptions_resume_bit_exact(runner):
     assert not no_process_left(runner)
 
 
-def test_a_killed_rank_restarts_the_group_and_resumes_bit_exact(runner):
+def test_a_killed_rank_ends_the_launch_and_the_restart_resumes_bit_exact(runner):
     run, verdict = runner.run(ddp_job(), Plan.parse("kill-rank1@9"))
     assert verdict.passed, verdict.message()
-    # torchrun's agent restarts the group in the same launch; under load its new group may fail to
-    # connect (gloo), the agent gives up, and the harness launches again: either way one resume
-    assert len(run.attempts) >= 2 and run.attempts[0].fault.fault == "kill-rank1"
+    # max_restarts = 0: the agent exits when a rank dies, and the harness launches the job again
+    assert len(run.attempts) == 2 and run.attempts[0].fault.fault == "kill-rank1"
+    assert "rank 1 (pid" in run.attempts[0].fault.detail and "SIGKILLed" in run.attempts[0].fault.detail
     assert run.attempts[-1].of_rank("resume")[0]["from_step"] == 7
     assert run.attempts[-1].of_rank("resume", 1)[0]["from_step"] == 7
 

@@ -41,6 +41,17 @@ def figure_lines(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
+def drain_line(item: dict[str, Any]) -> str:
+    """One service through its notice: the drain, what was lost, latency."""
+    killed = "killed at the deadline" if item.get("killed") else f"drained in {item.get('drain_seconds')} s"
+    return (
+        f"{'passed' if item.get('passed') else 'FAILED'}: {killed} of a {item.get('notice_seconds')} s notice "
+        f"({item.get('channel')}); {item.get('failed')} of {item.get('requests')} request(s) failed; p50/p99 "
+        f"{item.get('steady_p50')}/{item.get('steady_p99')} s steady, {item.get('drain_p50')}/{item.get('drain_p99')} "
+        "s draining"
+    )
+
+
 def world_line(row: dict[str, Any]) -> str:
     """One world size of a multi-rank determinism baseline, in words."""
     return (

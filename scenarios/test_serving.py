@@ -1,0 +1,10 @@
+"""Services on spot: the reclaim notice under load. Every request in flight at the notice must be
+answered in full, none sent after it dropped (refused or 503 with Retry-After is fine), and the
+drain must be over before the kill. The services are declared in pyproject.toml."""
+
+import pytest
+
+
+@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws"])
+def test_the_service_drains_through_its_reclaim_notice(spotchaos, name):
+    spotchaos.check_drain(name)

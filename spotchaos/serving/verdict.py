@@ -1,0 +1,118 @@
+"""Did the service drain through its reclaim notice? Pure functions over the load's records.
+
+A request in flight at the notice must be answered in full; one sent after it may be refused (the
+connection refused, or 503 with Retry-After) but never dropped or cut short; the service must be
+gone by itself before the kill, with a margin. Latency in the steady state and during the drain
+is reported, so a drain that "passes" by answering slowly is seen too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .load import FAILED, RequestRecord
+
+KILL_SLACK_SECONDS = 0.2  # a request that failed this close to the kill failed because of it
+
+
+@dataclass
+class DrainVerdict:
+    passed: bool
+    failures: list[str]
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def message(self) -> str:
+        return "\n".join(f"- {f}" for f in self.failures) if self.failures else "drained"
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+
+
+def _example(records: list[RequestRecord]) -> str:
+    first = records[0]
+    return f"{first.outcome}" + (f" ({first.detail})" if first.detail else f" (status {first.status})")
+
+
+def judge_drain(
+    records: list[RequestRecord],
+    *,
+    notice_at: float,
+    exited_at: float,
+    killed: bool,
+    notice_seconds: float,
+    margin: float,
+    channel_note: str = "",
+) -> DrainVerdict:
+    """``records`` of one run; times are ``time.monotonic()``; ``killed``: the service was still up
+    at the deadline (notice + ``notice_seconds``) and was SIGKILLed."""
+    failures: list[str] = []
+    before = [r for r in records if r.ended <= notice_at]
+    in_flight = [r for r in records if r.started < notice_at < r.ended]
+    after = [r for r in records if r.started >= notice_at]
+    steady_failed = [r for r in before if r.outcome in FAILED or r.outcome in ("refused", "unavailable")]
+    if not any(r.outcome == "ok" for r in before):
+        failures.append("no request succeeded before the notice: the service never served its steady state")
+    elif steady_failed:
+        failures.append(
+            f"{len(steady_failed)} of {len(before)} request(s) failed before any notice, e.g. {_example(steady_failed)}"
+        )
+    lost = [r for r in in_flight if r.outcome in FAILED]
+    if lost:
+        failures.append(
+            f"{len(lost)} of {len(in_flight)} request(s) in flight at the notice were not answered in full, e.g. "
+            f"{_example(lost)}: finish in-flight requests before exiting (a graceful shutdown timeout, not 0)"
+        )
+    # a kill loses what is in flight at that moment: said with the kill, not as a refusal gone wrong
+    at_kill = [r for r in after if killed and r.outcome in FAILED and r.ended >= exited_at - KILL_SLACK_SECONDS]
+    dropped = [r for r in after if r.outcome in FAILED and r not in at_kill]
+    if dropped:
+        failures.append(
+            f"{len(dropped)} request(s) sent after the notice were dropped instead of refused, e.g. "
+            f"{_example(dropped)}: after the notice answer 503 with Retry-After or refuse the connection, never reset "
+            "one with a request on it"
+        )
+    no_retry = [r for r in after if r.outcome == "unavailable" and not r.retry_after]
+    if no_retry:
+        failures.append(f"{len(no_retry)} request(s) after the notice got 503 without Retry-After: say when to retry")
+    drain = exited_at - notice_at
+    accepted = [r for r in after if r.outcome == "ok"]
+    if killed:
+        text = f"the drain was not over at the kill: the service still ran {notice_seconds:g} s after the notice"
+        if at_kill:
+            text += f", and the kill lost {len(at_kill)} request(s) in flight"
+        if accepted and max(r.started for r in accepted) > notice_at + notice_seconds / 2:
+            last = max(r.started for r in accepted) - notice_at
+            text += f" and kept accepting new requests until {last:.1f} s after it: stop accepting at the notice"
+        elif not any(r.outcome in ("refused", "unavailable") for r in after):
+            text += " and never refused a request: did the notice reach it?"
+        if channel_note:  # how the service took the metadata notice, if at all
+            text += f" ({channel_note})"
+        failures.append(text)
+    elif drain > notice_seconds - margin:
+        failures.append(
+            f"the drain took {drain:.2f} s of a {notice_seconds:g} s notice: less than the {margin:g} s margin was left"
+        )
+    steady = [r.ended - r.started for r in before if r.outcome == "ok"]
+    during = [r.ended - r.started for r in in_flight + accepted if r.outcome == "ok"]
+    figures = {
+        "drain_seconds": round(drain, 3),
+        "killed": killed,
+        "notice_seconds": notice_seconds,
+        "requests": len(records),
+        "before_notice": dict(Counter(r.outcome for r in before)),
+        "in_flight_at_notice": dict(Counter(r.outcome for r in in_flight)),
+        "after_notice": dict(Counter(r.outcome for r in after)),
+        "failed": len([r for r in records if r.outcome in FAILED]),
+        "steady_p50": _percentile(steady, 0.5),
+        "steady_p99": _percentile(steady, 0.99),
+        "drain_p50": _percentile(during, 0.5),
+        "drain_p99": _percentile(during, 0.99),
+        "channel": channel_note,
+    }
+    return DrainVerdict(passed=not failures, failures=failures, figures=figures)

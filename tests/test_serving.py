@@ -1,0 +1,129 @@
+"""Services through a reclaim notice: the reference service drains on every channel, each broken
+service fails for its own reason. Real uvicorn, real httpx load, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import replace
+
+import pytest
+
+from spotchaos.config import load_settings
+from spotchaos.errors import ConfigError, JobError
+from spotchaos.families.serving import DrainFailure
+from spotchaos.serving.load import RequestRecord
+from spotchaos.serving.notices import AWS_INSTANCE_ACTION, AWS_TOKEN, AwsMetadataNotice
+from spotchaos.serving.spec import ServiceSpec, service_from_mapping
+from spotchaos.serving.verdict import judge_drain
+
+from .helpers import FIXTURES, ROOT
+
+
+def service(name: str = "model", script: str = "serve_model", *args: str, **changes) -> ServiceSpec:
+    spec = load_settings(ROOT / "pyproject.toml").service(name)
+    command = ("python", str(FIXTURES / f"{script}.py"), "--port", "{port}", *args)
+    return replace(spec, command=command, **changes)
+
+
+@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws"])
+def test_the_reference_service_drains_with_nothing_lost(runner, name):
+    figures = runner.check_drain(service(name))
+    assert figures["failed"] == 0 and not figures["killed"], figures
+    assert figures["in_flight_at_notice"] == {"ok": 8}, figures
+    assert figures["drain_seconds"] < 6 - 0.5 and figures["steady_p50"] > 0, figures
+    assert set(figures["after_notice"]) <= {"refused", "unavailable", "ok"}, figures
+
+
+def test_no_graceful_shutdown_drops_the_requests_in_flight(runner):
+    with pytest.raises(DrainFailure, match=r"request\(s\) in flight at the notice were not answered in full"):
+        runner.check_drain(service("model", "broken_serve_drops_inflight"))
+
+
+def test_a_service_that_keeps_accepting_is_killed_with_requests_in_flight(runner):
+    with pytest.raises(DrainFailure) as failure:
+        runner.check_drain(service("model", "broken_serve_keeps_accepting", notice_seconds=3.0))
+    text = str(failure.value)
+    assert "the drain was not over at the kill: the service still ran 3 s after the notice" in text, text
+    assert "kept accepting new requests until" in text and "stop accepting at the notice" in text, text
+
+
+def test_a_deregistration_delay_longer_than_the_notice_is_named(runner):
+    with pytest.raises(DrainFailure, match="the drain was not over at the kill") as failure:
+        runner.check_drain(service("model", "broken_serve_long_deregistration", notice_seconds=3.0))
+    assert "kept accepting" not in str(failure.value)  # it refused: its drain was just longer than the notice
+
+
+def test_a_service_deaf_to_the_metadata_notice_is_named(runner):
+    with pytest.raises(DrainFailure) as failure:
+        runner.check_drain(service("model-aws", "broken_serve_ignores_metadata", notice_seconds=3.0))
+    assert "it read spot/instance-action 0 time(s), never after the notice" in str(failure.value)
+
+
+def test_a_service_that_dies_before_ready_is_one_clear_error(runner, script):
+    command = script("import sys\nprint('no model here', file=sys.stderr)\nsys.exit(3)\n", name="dies.py")
+    spec = ServiceSpec(name="dies", command=(*command, "{port}"), start_timeout_seconds=10)
+    with pytest.raises(JobError, match=r"exited with status 3 before it was ready \(GET /ready\)") as error:
+        runner.check_drain(spec)
+    assert "no model here" in str(error.value)
+
+
+def test_the_metadata_endpoint_speaks_imdsv2_on_loopback():
+    notice = AwsMetadataNotice()
+    try:
+        assert notice.url.startswith("http://127.0.0.1:")
+
+        def call(method: str, path: str, headers: dict) -> tuple[int, str]:
+            request = urllib.request.Request(notice.url + path, method=method, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as answer:
+                    return answer.status, answer.read().decode()
+            except urllib.error.HTTPError as error:
+                return error.code, ""
+
+        assert call("GET", AWS_INSTANCE_ACTION, {})[0] == 401  # IMDSv2: no token, no answer
+        status, token = call("PUT", AWS_TOKEN, {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        assert status == 200 and token
+        assert call("GET", AWS_INSTANCE_ACTION, {"X-aws-ec2-metadata-token": token})[0] == 404
+        notice.deliver(None, 1_900_000_000.0)
+        status, body = call("GET", AWS_INSTANCE_ACTION, {"X-aws-ec2-metadata-token": token})
+        assert status == 200 and json.loads(body) == {"action": "terminate", "time": "2030-03-17T17:46:40Z"}
+    finally:
+        notice.close()
+
+
+def record(started: float, ended: float, outcome: str, retry_after: str | None = None) -> RequestRecord:
+    return RequestRecord(0, started, ended, outcome, 200 if outcome == "ok" else None, retry_after)
+
+
+@pytest.mark.unit
+def test_the_drain_verdict_on_hand_made_requests():
+    steady = [record(0.0, 0.2, "ok"), record(0.2, 0.4, "ok")]
+    good = [*steady, record(0.9, 1.1, "ok"), record(1.05, 1.06, "unavailable", "1"), record(1.2, 1.21, "refused")]
+    verdict = judge_drain(good, notice_at=1.0, exited_at=2.0, killed=False, notice_seconds=6, margin=0.5)
+    assert verdict.passed and verdict.figures["in_flight_at_notice"] == {"ok": 1}, verdict.failures
+    bad = [*steady, record(0.9, 1.1, "dropped"), record(1.05, 1.06, "unavailable"), record(1.3, 1.4, "dropped")]
+    verdict = judge_drain(bad, notice_at=1.0, exited_at=6.8, killed=False, notice_seconds=6, margin=0.5)
+    text = "\n".join(verdict.failures)
+    assert "1 of 1 request(s) in flight at the notice were not answered in full" in text
+    assert "1 request(s) sent after the notice were dropped instead of refused" in text
+    assert "got 503 without Retry-After" in text and "the drain took 5.80 s of a 6 s notice" in text
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"command": "python s.py"}, r"put \{port\} where the service takes its port"),
+        ({"command": "python s.py {port}", "channel": "gcp"}, "channel: must be one of sigterm, aws"),
+        ({"command": "python s.py {port}", "request": {"verb": "GET"}}, "request.verb: unknown key"),
+        ({"command": "python s.py {port}", "notice_seconds": 1, "drain_margin_seconds": 2}, "shorter than the notice"),
+        ({"command": "python s.py {port}", "provider": "aws"}, None),
+    ],
+)
+def test_service_settings_are_checked(table, message):
+    if message is None:
+        assert service_from_mapping("s", table, "pyproject.toml").notice_seconds == 120.0  # the AWS preset
+        return
+    with pytest.raises(ConfigError, match=message):
+        service_from_mapping("s", table, "pyproject.toml")
