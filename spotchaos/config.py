@@ -14,7 +14,7 @@ import shlex
 import sys
 import tomllib
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -333,7 +333,7 @@ def _cost(table: Any, where: str) -> CostInputs:
 _TOP_KEYS = {"output", "jobs", "services"}
 
 
-def _command(value: Any, where: str) -> tuple[str, ...]:
+def command_of(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, str):
         parts = shlex.split(value)
     elif isinstance(value, Sequence) and all(isinstance(p, str) for p in value):
@@ -345,19 +345,28 @@ def _command(value: Any, where: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
-def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpec:
-    """Build a job from one ``[tool.spotchaos.jobs.NAME]`` table, naming any bad key."""
+def checked_table(
+    kind: str, name: str, table: Any, source: str, known: set[str]
+) -> tuple[Mapping[str, Any], Callable[[str], str]]:
+    """A ``[tool.spotchaos.KIND.NAME]`` table with a command and only ``known`` keys, and the
+    function that names one of its keys in a message (jobs and services alike)."""
 
     def where(key: str) -> str:
-        return f"{source} [tool.spotchaos.jobs.{name}].{key}"
+        return f"{source} [tool.spotchaos.{kind}.{name}].{key}"
 
     if not isinstance(table, Mapping):
-        raise ConfigError(f"{source} [tool.spotchaos.jobs.{name}]: must be a table")
-    unknown = sorted(set(table) - _JOB_KEYS)
+        raise ConfigError(f"{source} [tool.spotchaos.{kind}.{name}]: must be a table")
+    unknown = sorted(set(table) - known)
     if unknown:
-        raise ConfigError(f"{where(unknown[0])}: unknown key (known: {', '.join(sorted(_JOB_KEYS))})")
+        raise ConfigError(f"{where(unknown[0])}: unknown key (known: {', '.join(sorted(known))})")
     if "command" not in table:
         raise ConfigError(f"{where('command')}: required")
+    return table, where
+
+
+def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpec:
+    """Build a job from one ``[tool.spotchaos.jobs.NAME]`` table, naming any bad key."""
+    table, where = checked_table("jobs", name, table, source, _JOB_KEYS)
     env = table.get("env", {})
     if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
         raise ConfigError(f"{where('env')}: must be a table of strings")
@@ -398,7 +407,7 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
             raise ConfigError(f"{where('parametrize')}: must be true or false")
         kwargs["parametrize"] = table["parametrize"]
     if "resume_args" in table:
-        kwargs["resume_args"] = _command(table["resume_args"], where("resume_args"))
+        kwargs["resume_args"] = command_of(table["resume_args"], where("resume_args"))
     for key in (
         "resume_if_exists",
         "determinism_runs",
@@ -426,8 +435,8 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
     resume = table.get("resume_command")
     return JobSpec(
         name=name,
-        command=_command(table["command"], where("command")),
-        resume_command=_command(resume, where("resume_command")) if resume is not None else None,
+        command=command_of(table["command"], where("command")),
+        resume_command=command_of(resume, where("resume_command")) if resume is not None else None,
         env=tuple(sorted(env.items())),
         cwd=cwd,
         source=source,

@@ -7,12 +7,11 @@ in flight, how long the steady state lasts, how the reclaim notice arrives and h
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import JOB_NAME, PYTHON_ALIASES
+from ..config import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
 from ..errors import ConfigError
 from ..presets import GRACE_WINDOWS
 
@@ -130,22 +129,8 @@ _REQUEST_KEYS = {"method", "path", "body", "stream", "stream_end"}
 
 def service_from_mapping(name: str, table: Mapping[str, Any], source: str) -> ServiceSpec:
     """One ``[tool.spotchaos.services.NAME]`` table, naming any bad key."""
-
-    def where(key: str) -> str:
-        return f"{source} [tool.spotchaos.services.{name}].{key}"
-
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{source} [tool.spotchaos.services.{name}]: must be a table")
-    unknown = sorted(set(table) - _KEYS)
-    if unknown:
-        raise ConfigError(f"{where(unknown[0])}: unknown key (known: {', '.join(sorted(_KEYS))})")
-    if "command" not in table:
-        raise ConfigError(f"{where('command')}: required")
-    command = table["command"]
-    if isinstance(command, str):
-        command = shlex.split(command)
-    if not isinstance(command, Sequence) or not command or not all(isinstance(p, str) for p in command):
-        raise ConfigError(f"{where('command')}: must be a string or a non-empty list of strings")
+    table, where = checked_table("services", name, table, source, _KEYS)
+    command = command_of(table["command"], where("command"))
     request = table.get("request", {})
     if not isinstance(request, Mapping):
         raise ConfigError(f"{where('request')}: must be a table (method, path, body, stream, stream_end)")
