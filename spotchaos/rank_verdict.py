@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .trajectory import RunRecord
-from .verdict import find_divergence
+from .verdict import Verdict, find_divergence
 
 BUCKET_ORDER_HINT = (
     "; hint: every loss matched, only the weights' last bits differ: from 3 ranks a whole-bucket all-reduce sums "
@@ -29,11 +29,20 @@ PER_RANK_HINT = (
 )
 
 
-def bucket_order_hint(failures: list[str], world_size: int, losses_matched: bool) -> list[str]:
-    """The final-weights failure, with the likely cause when only the weights differ from 3 ranks on."""
-    if world_size < 3 or not losses_matched:
-        return failures
-    return [f + BUCKET_ORDER_HINT if f.startswith("final weights differ") else f for f in failures]
+def add_rank_verdicts(verdict: Verdict, reference: RunRecord, chaos: RunRecord, torn: list[str]) -> None:
+    """Fold into ``verdict`` (rank 0's) what only the other ranks show, and the checkpoints the job
+    published without their shards (``torn``, found on disk by the caller). When every loss of every
+    rank matched and only the final weights differ from 3 ranks on, the failure names the likely cause."""
+    failures = [*torn, *judge_ranks(reference, chaos)]
+    verdict.failures += failures
+    verdict.passed = verdict.passed and not failures
+    losses_matched = verdict.first_divergence is None and not any(
+        f.startswith("rank ") and "diverged" in f for f in failures
+    )
+    if len(ranks_of(chaos)) >= 3 and losses_matched:
+        verdict.failures = [
+            f + BUCKET_ORDER_HINT if f.startswith("final weights differ") else f for f in verdict.failures
+        ]
 
 
 def rank_view(run: RunRecord, rank: int) -> RunRecord:

@@ -32,7 +32,7 @@ from .errors import NotDeterministic, SpotchaosError
 from .logadapter import StepConvention, convention_from_dict
 from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
-from .rank_verdict import bucket_order_hint, judge_ranks, ranks_of
+from .rank_verdict import add_rank_verdicts
 from .redact import find_leaks
 from .safefs import captured_logs
 from .state_diff import KEEP_BYTES, StateDifference, kept_dir, too_big
@@ -246,15 +246,7 @@ class SessionCore:
             verdict.passed = False
             verdict.state_difference = asdict(found)
         if job.launcher == "torchrun":  # what only the other ranks show: their own trajectories, samples
-            rank_failures = published_without_metadata(record.attempts, Path(record.workdir)) + judge_ranks(
-                reference, record
-            )
-            verdict.failures += rank_failures
-            verdict.passed = verdict.passed and not rank_failures
-            matched = verdict.first_divergence is None and not any(
-                f.startswith("rank ") and "diverged" in f for f in rank_failures
-            )
-            verdict.failures = bucket_order_hint(verdict.failures, len(ranks_of(record)), matched)
+            add_rank_verdicts(verdict, reference, record, published_without_metadata(record.attempts, record.workdir))
         leaked = self.leaks(job, record)
         if leaked:  # a job that prints its own secret fails every scenario, not only the storage ones
             verdict.failures.append(leaked)

@@ -303,7 +303,7 @@ def killed_workers(stderr_tail: str) -> bool:
     return "Unable to shutdown process" in stderr_tail and "forcefully exiting via" in stderr_tail
 
 
-def published_without_metadata(run_attempts: list, root: Path) -> list[str]:
+def published_without_metadata(run_attempts: list, root: Path | str) -> list[str]:
     """Checkpoints the job reported durable whose directory holds shards but no ``.metadata``
     (torch.distributed.checkpoint's index, written by the coordinator after every shard): it was
     published before every shard was durable. Only paths inside the run's own directory are
