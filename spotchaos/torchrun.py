@@ -1,5 +1,5 @@
 """Jobs under torchrun (TorchElastic): the agents of a job, the handle over all of them, and the
-rank-level faults (one rank killed, one rank stopped, a node lost and replaced).
+rank-level faults (one rank killed, one rank stopped, a node lost).
 
 The job runs on the distributed engine its users run in production: ``python -m
 torch.distributed.run``, one agent per "node", a c10d rendezvous on 127.0.0.1. What that engine
@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .backends.base import Backend, Handle, LaunchSpec
@@ -30,10 +30,7 @@ from .ports import free_port
 from .probe import ENV_RUN_ID
 from .processes import PROC, carrying, end, start_time
 
-# torchrun's local agent stops its workers with SIGTERM and sends SIGKILL this long after
-# (LocalElasticAgent._shutdown(timeout=30), not configurable from the command line)
-TORCHRUN_KILL_AFTER_SECONDS = 30.0
-ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>:<incarnation>": finds one node's processes
+ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>": finds one node's processes
 MONITOR_INTERVAL = "0.1"  # how often an agent looks at its workers (seconds)
 
 
@@ -80,9 +77,7 @@ def loopback_environment() -> dict[str, str]:
 @dataclass
 class _Node:
     index: int
-    spec: LaunchSpec
     handle: Handle
-    incarnation: int = 0
 
 
 @dataclass
@@ -90,7 +85,6 @@ class RankProcess:
     rank: int
     pid: int
     started: int | None
-    last_event: float = field(default_factory=time.monotonic)
     last_step: int | None = None
 
 
@@ -112,17 +106,17 @@ class TorchrunHandle:
         self.lost: list[str] = []  # what lose_node did, for the fault record
         try:
             for node in range(job.nnodes):
-                node_spec = self._node_spec(node, 0)
-                self.nodes.append(_Node(node, node_spec, backend.start(node_spec)))
+                node_spec = self._node_spec(node)
+                self.nodes.append(_Node(node, backend.start(node_spec)))
         except BaseException:
             self.cleanup()
             raise
         self.identity = {**getattr(self.nodes[0].handle, "identity", {})}
 
-    def _node_spec(self, node: int, incarnation: int) -> LaunchSpec:
+    def _node_spec(self, node: int) -> LaunchSpec:
         spec = self.base_spec
-        suffix = "" if (node, incarnation) == (0, 0) else f".node{node}" + (f".r{incarnation}" if incarnation else "")
-        env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}:{incarnation}"}
+        suffix = f".node{node}" if node else ""
+        env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}"}
         argv = agent_argv(self.job, spec.argv, node=node, port=self.port, run_id=self.run_id)
         return replace(
             spec,
@@ -141,10 +135,8 @@ class TorchrunHandle:
 
     def note_event(self, rank: int, step: int | None) -> None:
         process = self.ranks.get(rank)
-        if process is not None:
-            process.last_event = time.monotonic()
-            if step is not None:
-                process.last_step = step
+        if process is not None and step is not None:
+            process.last_step = step  # the rank behind the others is the hung one
 
     def ranks_alive(self) -> bool:
         """Whether any rank it knows still runs: none while the agent restarts the group (its new
@@ -185,7 +177,7 @@ class TorchrunHandle:
 
     def _end_node(self, node: _Node) -> None:
         node.handle.kill()
-        end(carrying(f"{ENV_NODE}={self.run_id}:{node.index}:{node.incarnation}"))
+        end(carrying(f"{ENV_NODE}={self.run_id}:{node.index}"))
 
     def describe_hang(self) -> str:
         """Which rank hangs: a stopped one, else one behind the others, else every rank waiting."""
@@ -323,8 +315,3 @@ def published_without_metadata(run_attempts: list, root: Path | str) -> list[str
                     "in between leaves a checkpoint the restart trusts; publish (manifest, probe.checkpoint) last"
                 )
     return found[:1]
-
-
-def log_paths(folder: Path) -> list[Path]:
-    """Every agent's logs of one attempt, node 0's first."""
-    return sorted(folder.glob("std*.log"))

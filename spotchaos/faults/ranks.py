@@ -1,15 +1,16 @@
 """Faults that reach one rank or one node of a torchrun job, not the job as a whole.
 
-Named with their target (``kill-rank1``, ``hang-rank1``, ``lose-node1``) so that a plan says
-which rank: ``kill-rank1@5``. The job runs on after each of them (torchrun's agent restarts the
-worker group; the harness names a hung rank and ends the job; a lost node's replacement joins), so
-the engine keeps watching for hangs instead of waiting for an exit.
+Named with their target (``kill-rank1``, ``hang-rank1``, ``lose-node1``, ``crash-rank1``) so that a
+plan says which: ``kill-rank1@5``. The job runs on after each of them (torchrun's agent restarts
+the group or exits; the harness names a hung rank and ends the job; the other nodes notice the
+loss), so the engine keeps watching for hangs instead of waiting for an exit.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ..backends.base import Handle
 from ..errors import JobError
@@ -17,88 +18,77 @@ from ..errors import JobError
 NAMES = re.compile(r"(kill-rank|hang-rank|lose-node|crash-rank)(\d{1,3})")
 
 
-def _torchrun(handle: Handle, what: str):
-    if not hasattr(handle, "kill_rank"):
-        raise JobError(f'{what} needs a torchrun job (launcher = "torchrun"): this job is one process')
-    return handle
-
-
 @dataclass(frozen=True)
-class KillRank:
-    """SIGKILL to one worker rank: an OOM kill, a failed GPU. The agent restarts the group
-    (``max_restarts``), or exits non-zero and the job is restarted."""
+class TargetedFault:
+    """One rank's or one node's fault; ``target`` is the rank (or node) number in its name."""
 
-    rank: int
-    graceful: bool = field(default=False, init=False)
-    continues: bool = field(default=True, init=False)
+    target: int
+    kind: ClassVar[str] = ""
+    graceful: ClassVar[bool] = False
+    continues: ClassVar[bool] = True  # the job runs on: hang detection, not an exit, ends the attempt
 
     @property
     def name(self) -> str:
-        return f"kill-rank{self.rank}"
+        return f"{self.kind}{self.target}"
 
     def apply(self, handle: Handle) -> None:
-        _torchrun(handle, self.name).kill_rank(self.rank)
+        if not hasattr(handle, "kill_rank"):
+            raise JobError(f'{self.name} needs a torchrun job (launcher = "torchrun"): this job is one process')
+        self.deliver(handle)
+
+    def deliver(self, handle) -> None:  # a TorchrunHandle
+        raise NotImplementedError
 
 
-@dataclass(frozen=True)
-class HangRank:
+class KillRank(TargetedFault):
+    """SIGKILL to one worker rank: an OOM kill, a failed GPU. The agent restarts the group
+    (``max_restarts``), or exits non-zero and the job is restarted."""
+
+    kind = "kill-rank"
+
+    def deliver(self, handle) -> None:
+        handle.kill_rank(self.target)
+
+
+class HangRank(TargetedFault):
     """SIGSTOP to one rank: the others block in their next collective (gloo waits 30 min by
     default). The harness must notice within ``hang_timeout_seconds``, name the rank, and end
     the job, whose restart must then resume as after any hard kill."""
 
-    rank: int
-    graceful: bool = field(default=False, init=False)
-    continues: bool = field(default=True, init=False)
-    hangs: bool = field(default=True, init=False)
+    kind = "hang-rank"
+    hangs: ClassVar[bool] = True
 
-    @property
-    def name(self) -> str:
-        return f"hang-rank{self.rank}"
-
-    def apply(self, handle: Handle) -> None:
-        _torchrun(handle, self.name).stop_rank(self.rank)
+    def deliver(self, handle) -> None:
+        handle.stop_rank(self.target)
 
 
-@dataclass(frozen=True)
-class LoseNode:
+class LoseNode(TargetedFault):
     """Every process of one node SIGKILLed at once (a reclaimed spot VM). The other nodes' ranks
     lose their peers; their agents exit (or restart the group and wait at the rendezvous for a
-    node that never comes, which hang detection names), and the restart brings a replacement."""
+    node that never comes, which the silence limits name), and the restart brings a replacement."""
 
-    node: int
-    graceful: bool = field(default=False, init=False)
-    continues: bool = field(default=True, init=False)
+    kind = "lose-node"
 
-    @property
-    def name(self) -> str:
-        return f"lose-node{self.node}"
-
-    def apply(self, handle: Handle) -> None:
-        _torchrun(handle, self.name).lose_node(self.node)
+    def deliver(self, handle) -> None:
+        handle.lose_node(self.target)
 
 
-@dataclass(frozen=True)
-class CrashRank:
+class CrashRank(TargetedFault):
     """A crash point armed in one rank only (``crash-rank1@N``: rank 1 dies before its N-th
     file-system event under the checkpoint directory), in the first run of its worker group:
-    a rank killed between writing its shard and the coordinator's ``.metadata``, say."""
+    a rank killed between writing its shard and the coordinator's ``.metadata``, say. Armed
+    through the environment before the attempt starts: nothing is delivered from outside."""
 
-    rank: int
-    graceful: bool = field(default=False, init=False)
-    continues: bool = field(default=True, init=False)
-    armed_by_environment: bool = field(default=True, init=False)
-
-    @property
-    def name(self) -> str:
-        return f"crash-rank{self.rank}"
+    kind = "crash-rank"
+    armed_by_environment: ClassVar[bool] = True
 
     def apply(self, handle: Handle) -> None:
         pass
 
 
-def rank_fault(name: str) -> KillRank | HangRank | LoseNode | CrashRank | None:
+KINDS = {fault.kind: fault for fault in (KillRank, HangRank, LoseNode, CrashRank)}
+
+
+def rank_fault(name: str) -> TargetedFault | None:
     match = NAMES.fullmatch(name)
-    if match is None:
-        return None
-    kind, number = match.group(1), int(match.group(2))
-    return {"kill-rank": KillRank, "hang-rank": HangRank, "lose-node": LoseNode, "crash-rank": CrashRank}[kind](number)
+    return KINDS[match.group(1)](int(match.group(2))) if match else None
