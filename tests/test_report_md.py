@@ -91,3 +91,23 @@ def test_what_was_compared_and_how_the_script_counts_are_shown_beside_each_verdi
     page = render_html(document)
     assert page.count(f"compared: {precision}") == 2 and escape(f"how the script counts: {convention['text']}") in page
     assert "compared:" not in render_markdown(DOCUMENT)  # the probe's bit-exact verdicts need no note
+
+
+def test_a_report_cut_anywhere_is_called_truncated_and_a_complete_bad_one_is_not(tmp_path):
+    """A cut right after a nested '}' still ends before the document closes: the message must not
+    depend on which byte the cut lands on (a half-way cut once landed after a '}')."""
+    import json
+
+    from spotchaos.report.document import ReportError, load_report
+
+    text = json.dumps(DOCUMENT, indent=2)
+    cuts = [i + 1 for i, char in enumerate(text[:-1]) if char in '}]",'] + [len(text) // 2]
+    path = tmp_path / "cut.json"
+    for cut in cuts:
+        path.write_text(text[:cut])
+        with pytest.raises(ReportError, match="looks truncated"):
+            load_report(path)
+    path.write_text(text.replace('"seed": 42,', '"seed": 42,,'))
+    with pytest.raises(ReportError) as complete_but_bad:
+        load_report(path)
+    assert "truncated" not in str(complete_but_bad.value) and "line 2" in str(complete_but_bad.value)

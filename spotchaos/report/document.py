@@ -177,7 +177,9 @@ def load_report(path: Path) -> dict[str, Any]:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         # the file's content is never echoed: the path may name any file (a key, a password file)
-        truncated = "" if text.rstrip().endswith("}") else " (it looks truncated: it does not end in '}')"
+        # the parser ran off the end of the text: the document stops mid-object, whatever its last byte
+        ended_early = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        truncated = " (it looks truncated: it ends before the document closes)" if ended_early else ""
         raise ReportError(
             f"{path}: not a valid JSON report{truncated}: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
