@@ -4,6 +4,8 @@ service fails for its own reason. Real uvicorn, real httpx load, on 127.0.0.1.""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.request
 from dataclasses import replace
 
@@ -13,7 +15,18 @@ from spotchaos.config import load_settings
 from spotchaos.errors import ConfigError, JobError
 from spotchaos.families.serving import DrainFailure
 from spotchaos.serving.load import RequestRecord
-from spotchaos.serving.notices import AWS_INSTANCE_ACTION, AWS_TOKEN, AwsMetadataNotice
+from spotchaos.serving.notices import (
+    ALIBABA_TERMINATION,
+    AWS_INSTANCE_ACTION,
+    AWS_REBALANCE,
+    AWS_TOKEN,
+    AZURE_EVENTS,
+    GCP_PREEMPTED,
+    AlibabaMetadataNotice,
+    AwsMetadataNotice,
+    AzureScheduledEvents,
+    GcpMetadataNotice,
+)
 from spotchaos.serving.spec import ServiceSpec, service_from_mapping
 from spotchaos.serving.verdict import judge_drain
 
@@ -26,9 +39,19 @@ def service(name: str = "model", script: str = "serve_model", *args: str, **chan
     return replace(spec, command=command, **changes)
 
 
-@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws"])
-def test_the_reference_service_drains_with_nothing_lost(runner, name):
-    figures = runner.check_drain(service(name))
+@pytest.mark.parametrize(
+    ("name", "channel"),
+    [
+        ("model", "sigterm"),
+        ("model-stream", "sigterm"),
+        ("model-aws", "aws"),
+        ("model", "gcp"),
+        ("model", "azure"),
+        ("model", "alibaba"),
+    ],
+)
+def test_the_reference_service_drains_with_nothing_lost(runner, name, channel):
+    figures = runner.check_drain(service(name, channel=channel))
     assert figures["failed"] == 0 and not figures["killed"], figures
     assert figures["in_flight_at_notice"] == {"ok": 8}, figures
     assert figures["drain_seconds"] < 6 - 0.5 and figures["steady_p50"] > 0, figures
@@ -57,7 +80,10 @@ def test_a_deregistration_delay_longer_than_the_notice_is_named(runner):
 def test_a_service_deaf_to_the_metadata_notice_is_named(runner):
     with pytest.raises(DrainFailure) as failure:
         runner.check_drain(service("model-aws", "broken_serve_ignores_metadata", notice_seconds=3.0))
-    assert "it read spot/instance-action 0 time(s), never after the notice" in str(failure.value)
+    assert "it read instance-action 0 time(s) and rebalance 0 time(s), never after the notice" in str(failure.value)
+    with pytest.raises(DrainFailure) as failure:
+        runner.check_drain(service("model", "broken_serve_ignores_metadata", notice_seconds=3.0, channel="gcp"))
+    assert "it read preempted 0 time(s), never after the notice" in str(failure.value)
 
 
 def test_a_service_that_dies_before_ready_is_one_clear_error(runner, script):
@@ -68,28 +94,63 @@ def test_a_service_that_dies_before_ready_is_one_clear_error(runner, script):
     assert "no model here" in str(error.value)
 
 
-def test_the_metadata_endpoint_speaks_imdsv2_on_loopback():
+def _call(url: str, method: str, path: str, headers: dict) -> tuple[int, str]:
+    request = urllib.request.Request(url + path.lstrip("/"), method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, ""
+
+
+def test_the_aws_endpoint_speaks_imdsv2_on_loopback():
     notice = AwsMetadataNotice()
     try:
         assert notice.url.startswith("http://127.0.0.1:")
-
-        def call(method: str, path: str, headers: dict) -> tuple[int, str]:
-            request = urllib.request.Request(notice.url + path, method=method, headers=headers)
-            try:
-                with urllib.request.urlopen(request, timeout=5) as answer:
-                    return answer.status, answer.read().decode()
-            except urllib.error.HTTPError as error:
-                return error.code, ""
-
-        assert call("GET", AWS_INSTANCE_ACTION, {})[0] == 401  # IMDSv2: no token, no answer
-        status, token = call("PUT", AWS_TOKEN, {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        assert notice.environment()["AWS_EC2_METADATA_SERVICE_ENDPOINT"] == notice.url
+        assert _call(notice.url, "GET", AWS_INSTANCE_ACTION, {})[0] == 401  # IMDSv2: no token, no answer
+        status, token = _call(notice.url, "PUT", AWS_TOKEN, {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
         assert status == 200 and token
-        assert call("GET", AWS_INSTANCE_ACTION, {"X-aws-ec2-metadata-token": token})[0] == 404
+        headers = {"X-aws-ec2-metadata-token": token}
+        assert _call(notice.url, "GET", AWS_INSTANCE_ACTION, headers)[0] == 404
+        assert _call(notice.url, "GET", AWS_REBALANCE, headers)[0] == 404
         notice.deliver(None, 1_900_000_000.0)
-        status, body = call("GET", AWS_INSTANCE_ACTION, {"X-aws-ec2-metadata-token": token})
+        status, body = _call(notice.url, "GET", AWS_INSTANCE_ACTION, headers)
         assert status == 200 and json.loads(body) == {"action": "terminate", "time": "2030-03-17T17:46:40Z"}
+        status, body = _call(notice.url, "GET", AWS_REBALANCE, headers)
+        assert status == 200 and set(json.loads(body)) == {"noticeTime"}
     finally:
         notice.close()
+
+
+def test_gcp_azure_and_alibaba_metadata_answer_as_documented():
+    gcp, azure, alibaba = GcpMetadataNotice(), AzureScheduledEvents(), AlibabaMetadataNotice()
+    try:
+        assert gcp.environment()["GCE_METADATA_HOST"] == gcp.host
+        assert _call(gcp.url, "GET", GCP_PREEMPTED, {})[0] == 403  # no Metadata-Flavor: refused
+        assert _call(gcp.url, "GET", GCP_PREEMPTED, {"Metadata-Flavor": "Google"}) == (200, "FALSE")
+        held = threading.Timer(0.3, gcp.deliver, (None, 1_900_000_000.0))
+        held.start()
+        started = time.monotonic()
+        wait = GCP_PREEMPTED + "?wait_for_change=true&timeout_sec=10"
+        assert _call(gcp.url, "GET", wait, {"Metadata-Flavor": "Google"}) == (200, "TRUE")
+        assert 0.2 < time.monotonic() - started < 5  # held until the notice, not until the timeout
+
+        assert _call(azure.url, "GET", AZURE_EVENTS, {})[0] == 400  # no Metadata: true
+        status, body = _call(azure.url, "GET", AZURE_EVENTS + "?api-version=2020-07-01", {"Metadata": "true"})
+        assert status == 200 and json.loads(body)["Events"] == []
+        azure.deliver(None, 1_900_000_000.0)
+        (event,) = json.loads(_call(azure.url, "GET", AZURE_EVENTS, {"Metadata": "true"})[1])["Events"]
+        assert event["EventType"] == "Preempt" and event["NotBefore"] == "Sun, 17 Mar 2030 17:46:40 GMT"
+
+        assert _call(alibaba.url, "GET", ALIBABA_TERMINATION, {})[0] == 404
+        assert _call(alibaba.url, "GET", ALIBABA_TERMINATION, {"X-aliyun-ecs-metadata-token": "forged"})[0] == 401
+        alibaba.deliver(None, 1_900_000_000.0)
+        assert _call(alibaba.url, "GET", ALIBABA_TERMINATION, {}) == (200, "2030-03-17T17:46:40Z")
+        assert "termination-time 2 time(s)" in alibaba.how_it_was_read(time.monotonic())
+    finally:
+        for notice in (gcp, azure, alibaba):
+            notice.close()
 
 
 def record(started: float, ended: float, outcome: str, retry_after: str | None = None) -> RequestRecord:
@@ -115,7 +176,7 @@ def test_the_drain_verdict_on_hand_made_requests():
     ("table", "message"),
     [
         ({"command": "python s.py"}, r"put \{port\} where the service takes its port"),
-        ({"command": "python s.py {port}", "channel": "gcp"}, "channel: must be one of sigterm, aws"),
+        ({"command": "python s.py {port}", "channel": "ibm"}, "channel: must be one of sigterm, aws, gcp"),
         ({"command": "python s.py {port}", "request": {"verb": "GET"}}, "request.verb: unknown key"),
         ({"command": "python s.py {port}", "notice_seconds": 1, "drain_margin_seconds": 2}, "shorter than the notice"),
         ({"command": "python s.py {port}", "provider": "aws"}, None),

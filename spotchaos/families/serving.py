@@ -137,12 +137,7 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
             live.discard(entry)
             notice.close()
             shutil.rmtree(scratch, ignore_errors=True)
-    note = ""
-    if service.channel == "aws":
-        read = getattr(notice, "first_read_after_notice", None)
-        note = f"it read spot/instance-action {notice.reads} time(s), " + (
-            f"the notice {read - notice_at:.2f} s after it was posted" if read else "never after the notice"
-        )
+    note = notice.how_it_was_read(notice_at)
     verdict = judge_drain(
         records,
         notice_at=notice_at,

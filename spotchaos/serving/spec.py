@@ -15,7 +15,7 @@ from ..config import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
 from ..errors import ConfigError
 from ..presets import GRACE_WINDOWS
 
-CHANNELS = ("sigterm", "aws")  # how the notice reaches the service (see notices.py)
+CHANNELS = ("sigterm", "aws", "gcp", "azure", "alibaba")  # how the notice reaches the service (notices.py)
 METHODS = ("GET", "POST", "PUT")
 
 
