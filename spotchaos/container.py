@@ -19,6 +19,13 @@ SIZE = re.compile(r"^\d+(\.\d+)?[bkmg]?$", re.I)
 _KEYS = {"entrypoint", "mounts", "user", "cpus", "memory", "shm_size", "working_dir", "gpus", "network", "env"}
 
 
+def size_bytes(text: str) -> int:
+    """``"512m"`` -> bytes, as docker reads a size (b, k, m, g; binary multiples)."""
+    unit = text[-1].lower() if text[-1].isalpha() else "b"
+    number = float(text[:-1] if text[-1].isalpha() else text)
+    return int(number * {"b": 1, "k": 2**10, "m": 2**20, "g": 2**30}[unit])
+
+
 @dataclass(frozen=True)
 class Mount:
     source: str

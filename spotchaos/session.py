@@ -25,6 +25,7 @@ from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
 from .checkpoint_reader import ConfinedLoader, tensor_distances
 from .config import JobSpec
+from .container import ContainerSpec
 from .determinism import HINT, Audit, Envelope
 from .determinism import audit as audit_runs
 from .engine import EngineOptions, run_job
@@ -140,13 +141,15 @@ class SessionCore:
 
     def backend(self, job: JobSpec) -> DockerBackend | None:
         """The job's backend: its own container image, else None (a local process group)."""
-        if job.container is None:
-            return None
+        return None if job.container is None else self.docker_backend(job.container)
+
+    def docker_backend(self, container: ContainerSpec) -> DockerBackend:
+        """A backend for ``container`` on the session's Docker connection (opened on first use)."""
         with self._lock:
             if self._docker is None:
                 self._docker = DockerSession()  # DockerUnavailable: the plugin skips or fails
                 self._resources.callback(self._docker.close)
-        return DockerBackend(self._docker, job.container)
+        return DockerBackend(self._docker, container)
 
     @property
     def s3(self) -> S3Service:

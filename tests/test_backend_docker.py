@@ -330,3 +330,26 @@ def test_a_pickle_that_needs_a_full_unpickle_is_read_inside_the_jobs_container(d
     assert len(loaders) >= 2, "the checkpoint was never read in full: the test proves nothing"
     assert str(os.getpid()) not in loaders
     assert _ours_left(docker_session) == []
+
+
+def test_a_service_in_a_container_drains_and_its_replacement_gets_the_types_memory(docker_session, runner):
+    """The service scenarios on Docker: the notice from GCP's metadata served on 127.0.0.1 (host
+    network), the replacement in a container limited to the fallback type's memory by the kernel."""
+    from dataclasses import replace
+
+    from spotchaos.config import load_settings
+    from spotchaos.families.serving import DrainFailure
+
+    spec = load_settings(ROOT / "pyproject.toml").service("model-fallback")
+    spec = replace(spec, container=ContainerSpec(image=IMAGE), channel="gcp")
+    figures = runner.check_drain(spec)
+    assert figures["backend"] == "docker" and figures["failed"] == 0 and not figures["killed"], figures
+    assert "preempted" in figures["channel_note"] and "after it was posted" in figures["channel_note"], figures
+    assert figures["replacement"]["instance_type"] == "g4dn.xlarge-spot" and figures["replacement"]["ttfr_seconds"]
+    too_big = replace(spec, command=("python", "fixtures/broken_serve_too_big.py", "--port", "{port}"))
+    with pytest.raises(DrainFailure) as failure:
+        runner.check_drain(too_big)
+    text = str(failure.value)
+    assert "the replacement never served: service 'model-fallback' on g4dn.xlarge-spot, memory 1g" in text, text
+    assert "killed it for memory (over the 1g of g4dn.xlarge-spot)" in text, text
+    assert _ours_left(docker_session) == []

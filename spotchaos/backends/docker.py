@@ -314,6 +314,13 @@ class DockerHandle:
     def survivors(self) -> list[int]:
         return []  # PID 1's exit ends the container's PID namespace: nothing survives it
 
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed the container for going over its memory limit."""
+        with contextlib.suppress(Exception):
+            self._container.reload()
+            return bool(self._container.attrs["State"].get("OOMKilled"))
+        return False
+
     def cleanup(self) -> None:
         if self._cleaned:
             return

@@ -8,35 +8,31 @@ deadline if it is still up, and judges every request (:mod:`spotchaos.serving.ve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from ..backends import LaunchSpec, SubprocessBackend
 from ..errors import JobError, ScenarioFailure
-from ..extras import require
-from ..leftovers import LiveJobs
 from ..ports import free_port
-from ..probe import ENV_RUN_ID
-from ..processes import end_marked
 from ..record import ScenarioRecord
-from ..safefs import UnsafeFile, read_text_bounded
-from ..serving.load import Load
+from ..serving.load import Load, RequestRecord
+from ..serving.model_store import ModelStore
 from ..serving.notices import channel
-from ..serving.spec import ServiceSpec
-from ..serving.verdict import DrainVerdict, judge_drain
+from ..serving.platform import Instance
+from ..serving.spec import InstanceType, ServiceSpec
+from ..serving.verdict import DrainVerdict, judge_drain, judge_replacement
 from ..session import SessionCore
 
 log = logging.getLogger("spotchaos")
 AFTER_EXIT_SECONDS = 0.5  # the load keeps knocking this long after the service is gone
-READY_POLL_SECONDS = 0.1
+AFTER_REPLACEMENT_SECONDS = 1.0  # and this long once the replacement answered
+TIMELINE_BIN_SECONDS = 0.25
 
 
 class DrainFailure(ScenarioFailure):
@@ -50,94 +46,108 @@ class DrainFailure(ScenarioFailure):
         )
 
 
-def _tail(path: Path) -> str:
-    try:
-        lines = read_text_bounded(path, 3000, tail=True).splitlines()[-6:]
-    except (UnsafeFile, FileNotFoundError):
-        return "    (none)"
-    return "\n".join("    " + line for line in lines) or "    (empty)"
-
-
-def _wait_ready(service: ServiceSpec, handle: Any, base_url: str, stderr: Path) -> float:
-    """Seconds until the readiness path answered 200; a clear error if it never does."""
-    httpx = require("httpx", "serve", "a service scenario")
-    started = time.monotonic()
-    while True:
-        code = handle.poll()
-        if code is not None:
-            raise JobError(
-                f"service {service.name!r} exited with status {code} before it was ready "
-                f"(GET {service.ready_path}); its stderr:\n{_tail(stderr)}"
-            )
-        try:
-            if httpx.get(base_url + service.ready_path, timeout=1.0).status_code == 200:
-                return time.monotonic() - started
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() - started > service.start_timeout_seconds:
-            raise JobError(
-                f"service {service.name!r} was not ready within {service.start_timeout_seconds:g} s "
-                f"(start_timeout_seconds): GET {service.ready_path} never answered 200; its stderr:\n{_tail(stderr)}"
-            )
-        time.sleep(READY_POLL_SECONDS)
+def _timeline(records: list[RequestRecord], origin: float, width: float = TIMELINE_BIN_SECONDS) -> dict[str, Any]:
+    """Requests by outcome per time bin (by when each ended, seconds from the notice): the plot's data."""
+    if not records:
+        return {"width": width, "start": 0.0, "counts": {}}
+    first = min(r.ended for r in records) - origin
+    start = width * int(first // width) if first >= 0 else -width * int(-first // width + 1)
+    bins = int((max(r.ended for r in records) - origin - start) // width) + 1
+    counts: dict[str, list[int]] = {}
+    for r in records:
+        row = counts.setdefault(r.outcome, [0] * bins)
+        row[min(bins - 1, int((r.ended - origin - start) // width))] += 1
+    return {"width": width, "start": round(start, 4), "counts": counts}
 
 
 def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Path]:
-    """One run: start, steady state, notice, drain or kill; the verdict and the run's directory."""
+    """One run: start, steady state, notice, drain or kill, then the replacement on the first
+    available type of the fallback order (if any); the verdict and the run's directory."""
     workdir = core.next_dir(f"{service.name}-drain")
     workdir.mkdir(parents=True)
     port = service.port or free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    run_id = uuid.uuid4().hex[:12]
-    notice = channel(service.channel)
-    scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
-    env = {
-        **os.environ,
-        **dict(service.env),
-        **notice.environment(),
-        ENV_RUN_ID: run_id,
-        "TMPDIR": str(scratch),
-        "PYTHONUNBUFFERED": "1",
-    }
-    spec = LaunchSpec(
-        argv=tuple(service.argv(port, sys.executable)),
-        env=env,
-        cwd=core.root / service.cwd if service.cwd else core.root,
-        stdout_path=workdir / "stdout.log",
-        stderr_path=workdir / "stderr.log",
-        grace_seconds=float(service.notice_seconds or 30.0),
-        writable=(workdir,),
-    )
-    live = LiveJobs()
-    handle = SubprocessBackend().start(spec)
-    entry = live.add(run_id, {**handle.identity, "scratch": str(scratch)})
-    load = None
-    try:
-        ready = _wait_ready(service, handle, base_url, spec.stderr_path)
-        load = Load(base_url, service.request, service.concurrency, service.request_timeout_seconds).start()
-        time.sleep(service.steady_seconds)
-        notice_at = time.monotonic()
-        deadline = notice_at + float(service.notice_seconds or 30.0)
-        notice.deliver(handle, time.time() + float(service.notice_seconds or 30.0))
-        killed = handle.wait(deadline - time.monotonic()) is None
-        if killed:
-            handle.kill()  # the reclaim: the instance is gone
-            handle.wait(5)
-        exited_at = time.monotonic()
-        time.sleep(AFTER_EXIT_SECONDS)
-        records = load.stop()
+    docker = core.docker_backend if service.container is not None else None
+    with contextlib.ExitStack() as stack:
+        notice = channel(service.channel)
+        stack.callback(notice.close)
+        scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
+        stack.callback(shutil.rmtree, scratch, ignore_errors=True)
+        env = {**dict(service.env), "TMPDIR": str(scratch)}
+        store = None
+        if service.model is not None:
+            store = stack.enter_context(ModelStore(core.s3, service.model, core.root, workdir / "model-cache"))
+            core.secrets.append(core.s3.credentials.secret_key)
+            env.update(store.environment)
+
+        def instance(label: str, itype: InstanceType | None, metadata: dict[str, str]) -> Instance:
+            return Instance(
+                service,
+                port=port,
+                env={**env, **metadata},
+                workdir=workdir,
+                label=label,
+                itype=itype,
+                cwd=core.root,
+                python=sys.executable,
+                docker_backend=docker,
+            )
+
+        types = service.instance_types
         load = None
-    finally:
-        if load is not None:
-            load.stop()
-        try:
-            handle.cleanup()
-        finally:
-            end_marked(f"{ENV_RUN_ID}={run_id}")
-            live.discard(entry)
-            notice.close()
-            shutil.rmtree(scratch, ignore_errors=True)
-    note = notice.how_it_was_read(notice_at)
+        with instance("first", types[0] if types else None, notice.environment()) as first:
+            answered = first.first_answer(service.start_timeout_seconds)
+            load = Load(first.base_url, service.request, service.concurrency, service.request_timeout_seconds)
+            stack.callback(load.stop_quietly)
+            load.start()
+            time.sleep(service.steady_seconds)
+            notice_at = time.monotonic()
+            deadline = notice_at + float(service.notice_seconds or 30.0)
+            notice.deliver(first.handle, time.time() + float(service.notice_seconds or 30.0))
+            killed = first.handle.wait(deadline - time.monotonic()) is None
+            if killed:
+                first.handle.kill()  # the reclaim: the instance is gone
+                first.handle.wait(5)
+            exited_at = time.monotonic()
+        replacement_at = None
+        replacement: dict[str, Any] = {}
+        later_failures: list[str] = []
+        if types:
+            itype = service.replacement_type()
+            assert itype is not None  # the spec refuses an order with nothing available
+            if store is not None and service.model is not None and service.model.updated_file:
+                store.publish_update()
+            fresh = channel(service.channel)  # a new instance's metadata: no notice posted on it
+            stack.callback(fresh.close)
+            replacement_at = time.monotonic()
+            with instance("replacement", itype, fresh.environment()) as second:
+                failure = second_answer = None
+                try:
+                    second_answer = second.first_answer(service.replacement_timeout_seconds)
+                except JobError as exc:
+                    failure = str(exc)
+                if second_answer is not None:
+                    time.sleep(AFTER_REPLACEMENT_SECONDS)
+                records = load.stop()
+            later_failures = judge_replacement(
+                failure=failure,
+                where=second.where(),
+                model_updated=store is not None and store.updated,
+                answer_before=answered.body if store is not None else None,
+                answer_after=second_answer.body if second_answer is not None and store is not None else None,
+            )
+            replacement = {
+                "instance_type": itype.name,
+                "order_followed": service.order_followed(),
+                "ttfr_seconds": round(second_answer.seconds, 3) if second_answer else None,
+                "first_answer_after_notice": round(replacement_at - notice_at + second_answer.seconds, 3)
+                if second_answer
+                else None,
+                "cache": "stale-check" if store is not None and store.updated else "warm" if store else None,
+                "peak_memory_bytes": second.watch.peak if second.watch else None,
+            }
+        else:
+            time.sleep(AFTER_EXIT_SECONDS)
+            records = load.stop()
     verdict = judge_drain(
         records,
         notice_at=notice_at,
@@ -145,9 +155,32 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         killed=killed,
         notice_seconds=float(service.notice_seconds or 30.0),
         margin=service.drain_margin_seconds,
-        channel_note=note,
+        channel_note=notice.how_it_was_read(notice_at),
+        replacement_at=replacement_at,
     )
-    verdict.figures.update(ready_seconds=round(ready, 3), channel=service.channel, service=service.name)
+    verdict.failures.extend(later_failures)
+    verdict.passed = not verdict.failures
+    verdict.figures.update(
+        ready_seconds=round(answered.ready_seconds, 3),
+        ttfr_seconds=round(answered.seconds, 3),
+        cache="cold" if store is not None else None,
+        channel=service.channel,
+        channel_note=notice.how_it_was_read(notice_at),
+        service=service.name,
+        backend="docker" if service.container is not None else "subprocess",
+        timeline=_timeline(records, notice_at),
+        marks={
+            "notice": 0.0,
+            "deadline": float(service.notice_seconds or 30.0),
+            "gone": round(exited_at - notice_at, 3),
+            **({"replacement_launched": round(replacement_at - notice_at, 3)} if replacement_at else {}),
+        },
+    )
+    if replacement:
+        verdict.figures["replacement"] = replacement
+        warm = replacement.get("ttfr_seconds")
+        if warm and replacement["cache"] == "warm":
+            verdict.figures["warm_cold_ttfr_ratio"] = round(warm / answered.seconds, 3)
     (workdir / "requests.jsonl").write_text("".join(json.dumps(r.to_dict(notice_at)) + "\n" for r in records))
     return verdict, workdir
 

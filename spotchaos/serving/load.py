@@ -64,6 +64,12 @@ class Load:
             raise self._error
         return sorted(self.records, key=lambda r: r.started)
 
+    def stop_quietly(self) -> None:
+        """Stop on the way out of a failed scenario: its own error, if any, is not the one to report."""
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(timeout=self.timeout + 10)
+
     def _run(self) -> None:
         try:
             asyncio.run(self._main())

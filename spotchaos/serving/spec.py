@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
+from ..container import SIZE, ContainerSpec, container_from_mapping, size_bytes
 from ..errors import ConfigError
 from ..presets import GRACE_WINDOWS
 
@@ -32,6 +33,54 @@ class RequestRecipe:
 
 
 @dataclass(frozen=True)
+class InstanceType:
+    """One entry of the fallback order: a resource profile the platform can start an instance on.
+    ``memory`` is enforced (a container's limit on Docker, the process tree's RSS watched on the
+    subprocess backend); ``cpus`` limits a container (the subprocess backend records it)."""
+
+    name: str
+    memory: str | None = None  # "2g", "768m"
+    cpus: float | None = None
+    spot: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not JOB_NAME.fullmatch(self.name):
+            raise ConfigError(f"instance type name {self.name!r}: use letters, digits, '.', '_' and '-'")
+        if self.memory is not None and (not isinstance(self.memory, str) or not SIZE.match(self.memory)):
+            raise ConfigError(f"instance type {self.name!r}: memory must be a size such as '768m', got {self.memory!r}")
+        if self.cpus is not None and (not isinstance(self.cpus, int | float) or not 0 < self.cpus <= 1024):
+            raise ConfigError(f"instance type {self.name!r}: cpus must be a number in (0, 1024], got {self.cpus!r}")
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return size_bytes(self.memory) if self.memory else None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "memory": self.memory, "cpus": self.cpus, "spot": self.spot}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The model a service loads from S3 (the harness's moto) through a cache directory the
+    platform keeps between instances. ``updated_file``: a new version the harness uploads under
+    the same key before the replacement starts; a replacement that serves the cached old one is
+    serving a stale cache. ``cold_bandwidth``: bytes per second for downloads (a cold start)."""
+
+    file: str
+    key: str = "models/model.pt"
+    updated_file: str | None = None
+    cold_bandwidth: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key or self.key.startswith("/"):
+            raise ConfigError(f"model.key: must be an S3 key such as 'models/model.pt', got {self.key!r}")
+        if self.cold_bandwidth is not None and (
+            not isinstance(self.cold_bandwidth, int | float) or not self.cold_bandwidth > 0
+        ):
+            raise ConfigError(f"model.cold_bandwidth: must be bytes per second (> 0), got {self.cold_bandwidth!r}")
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     name: str
     command: tuple[str, ...]
@@ -48,6 +97,11 @@ class ServiceSpec:
     request_timeout_seconds: float = 30.0
     env: tuple[tuple[str, str], ...] = ()
     cwd: str | None = None
+    container: ContainerSpec | None = None  # None: a local process (the subprocess backend)
+    instance_types: tuple[InstanceType, ...] = ()  # the fallback order; () : no replacement
+    unavailable: tuple[str, ...] = ()  # types with no capacity when the replacement is asked for
+    replacement_timeout_seconds: float = 60.0
+    model: ModelSpec | None = None
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -84,6 +138,7 @@ class ServiceSpec:
             "drain_margin_seconds",
             "start_timeout_seconds",
             "request_timeout_seconds",
+            "replacement_timeout_seconds",
         ):
             value = getattr(self, key)
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value <= 3600:
@@ -95,6 +150,36 @@ class ServiceSpec:
                 raise ConfigError(f"{self.where(key)}: must be a path starting with '/', got {value!r}")
         if self.request.method not in METHODS:
             raise ConfigError(f"{self.where('request.method')}: must be one of {', '.join(METHODS)}")
+        names = [t.name for t in self.instance_types]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{self.where('instance_types')}: each type is named once, got {names}")
+        unknown = [name for name in self.unavailable if name not in names]
+        if unknown:
+            raise ConfigError(
+                f"{self.where('unavailable')}: {unknown[0]!r} is not one of the instance_types ({', '.join(names)})"
+            )
+        if self.instance_types and self.replacement_type() is None:
+            raise ConfigError(
+                f"{self.where('unavailable')}: every instance type is unavailable: the replacement has nowhere to go"
+            )
+        if self.model is not None and self.model.updated_file and not self.instance_types:
+            raise ConfigError(
+                f"{self.where('model.updated_file')}: the stale-cache check needs a replacement: add instance_types"
+            )
+
+    def replacement_type(self) -> InstanceType | None:
+        """The first type of the order that has capacity: where the platform puts the replacement."""
+        return next((t for t in self.instance_types if t.name not in self.unavailable), None)
+
+    def order_followed(self) -> list[dict[str, Any]]:
+        """The fallback order as the platform walked it, for the report."""
+        chosen = self.replacement_type()
+        walked = []
+        for t in self.instance_types:
+            walked.append({**t.describe(), "available": t.name not in self.unavailable})
+            if t is chosen:
+                break
+        return walked
 
     def where(self, key: str) -> str:
         if self.source == "python":
@@ -103,7 +188,7 @@ class ServiceSpec:
 
     def argv(self, port: int, python: str) -> list[str]:
         argv = [part.replace("{port}", str(port)) for part in self.command]
-        if argv[0] in PYTHON_ALIASES:
+        if argv[0] in PYTHON_ALIASES and self.container is None:
             argv[0] = python
         return argv
 
@@ -123,29 +208,68 @@ _KEYS = {
     "request_timeout_seconds",
     "env",
     "cwd",
+    "image",
+    "container",
+    "instance_types",
+    "unavailable",
+    "replacement_timeout_seconds",
+    "model",
 }
 _REQUEST_KEYS = {"method", "path", "body", "stream", "stream_end"}
+_TYPE_KEYS = {"name", "memory", "cpus", "spot"}
+_MODEL_KEYS = {"file", "key", "updated_file", "cold_bandwidth"}
+
+
+def _subtable(value: Any, where: str, known: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: must be a table ({', '.join(sorted(known))})")
+    bad = sorted(set(value) - known)
+    if bad:
+        raise ConfigError(f"{where}.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
+    return value
 
 
 def service_from_mapping(name: str, table: Mapping[str, Any], source: str) -> ServiceSpec:
     """One ``[tool.spotchaos.services.NAME]`` table, naming any bad key."""
     table, where = checked_table("services", name, table, source, _KEYS)
     command = command_of(table["command"], where("command"))
-    request = table.get("request", {})
-    if not isinstance(request, Mapping):
-        raise ConfigError(f"{where('request')}: must be a table (method, path, body, stream, stream_end)")
-    bad = sorted(set(request) - _REQUEST_KEYS)
-    if bad:
-        raise ConfigError(f"{where('request.' + bad[0])}: unknown key (known: {', '.join(sorted(_REQUEST_KEYS))})")
+    request = _subtable(table.get("request", {}), where("request"), _REQUEST_KEYS)
+    types = table.get("instance_types", [])
+    if not isinstance(types, list):
+        raise ConfigError(f"{where('instance_types')}: must be a list of tables (name, memory, cpus, spot)")
+    instance_types = tuple(
+        InstanceType(**_subtable(t, f"{where('instance_types')}[{i}]", _TYPE_KEYS)) for i, t in enumerate(types)
+    )
+    unavailable = table.get("unavailable", [])
+    if not isinstance(unavailable, list) or not all(isinstance(u, str) for u in unavailable):
+        raise ConfigError(f"{where('unavailable')}: must be a list of instance type names")
+    model = None
+    if "model" in table:
+        model_table = _subtable(table["model"], where("model"), _MODEL_KEYS)
+        if "file" not in model_table:
+            raise ConfigError(f"{where('model.file')}: required: the model file the harness uploads to S3")
+        model = ModelSpec(**model_table)
+    if "container" in table and "image" not in table:
+        raise ConfigError(f'{where("container")}: needs an image: add image = "..." to the service')
+    container = None
+    if "image" in table:
+        container = container_from_mapping(
+            table["image"], table.get("container"), f"{source} [tool.spotchaos.services.{name}]"
+        )
     env = table.get("env", {})
     if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
         raise ConfigError(f"{where('env')}: must be a table of strings")
-    kwargs = {k: table[k] for k in _KEYS - {"command", "request", "env"} if k in table}
+    structured = {"command", "request", "env", "image", "container", "instance_types", "unavailable", "model"}
+    kwargs = {k: table[k] for k in _KEYS - structured if k in table}
     return ServiceSpec(
         name=name,
         command=tuple(command),
         request=RequestRecipe(**request),
         env=tuple(sorted(env.items())),
+        container=container,
+        instance_types=instance_types,
+        unavailable=tuple(unavailable),
+        model=model,
         source=source,
         **kwargs,
     )

@@ -48,13 +48,17 @@ def judge_drain(
     notice_seconds: float,
     margin: float,
     channel_note: str = "",
+    replacement_at: float | None = None,
 ) -> DrainVerdict:
     """``records`` of one run; times are ``time.monotonic()``; ``killed``: the service was still up
-    at the deadline (notice + ``notice_seconds``) and was SIGKILLed."""
+    at the deadline (notice + ``notice_seconds``) and was SIGKILLed; ``replacement_at``: when the
+    replacement was launched (requests from then on are the replacement's, judged apart)."""
     failures: list[str] = []
     before = [r for r in records if r.ended <= notice_at]
     in_flight = [r for r in records if r.started < notice_at < r.ended]
-    after = [r for r in records if r.started >= notice_at]
+    cutoff = replacement_at if replacement_at is not None else float("inf")
+    after = [r for r in records if notice_at <= r.started < cutoff]
+    served_by_replacement = [r for r in records if r.started >= cutoff]
     steady_failed = [r for r in before if r.outcome in FAILED or r.outcome in ("refused", "unavailable")]
     if not any(r.outcome == "ok" for r in before):
         failures.append("no request succeeded before the notice: the service never served its steady state")
@@ -80,8 +84,14 @@ def judge_drain(
     no_retry = [r for r in after if r.outcome == "unavailable" and not r.retry_after]
     if no_retry:
         failures.append(f"{len(no_retry)} request(s) after the notice got 503 without Retry-After: say when to retry")
+    replacement_failed = [r for r in served_by_replacement if r.outcome in FAILED]
+    if replacement_failed:
+        failures.append(
+            f"{len(replacement_failed)} request(s) sent once the replacement was launched failed, e.g. "
+            f"{_example(replacement_failed)}: until it is ready it must refuse, not drop"
+        )
     drain = exited_at - notice_at
-    accepted = [r for r in after if r.outcome == "ok"]
+    accepted = [r for r in after if r.outcome == "ok" and r.ended <= exited_at + KILL_SLACK_SECONDS]
     if killed:
         text = f"the drain was not over at the kill: the service still ran {notice_seconds:g} s after the notice"
         if at_kill:
@@ -108,6 +118,7 @@ def judge_drain(
         "before_notice": dict(Counter(r.outcome for r in before)),
         "in_flight_at_notice": dict(Counter(r.outcome for r in in_flight)),
         "after_notice": dict(Counter(r.outcome for r in after)),
+        "replacement_requests": dict(Counter(r.outcome for r in served_by_replacement)),
         "failed": len([r for r in records if r.outcome in FAILED]),
         "steady_p50": _percentile(steady, 0.5),
         "steady_p99": _percentile(steady, 0.99),
@@ -116,3 +127,34 @@ def judge_drain(
         "channel": channel_note,
     }
     return DrainVerdict(passed=not failures, failures=failures, figures=figures)
+
+
+def judge_replacement(
+    *,
+    where: str,
+    failure: str | None,
+    model_updated: bool,
+    answer_before: bytes | None,
+    answer_after: bytes | None,
+) -> list[str]:
+    """The replacement's own verdict. ``failure``: why it never served (it died, it went over its
+    type's memory, it was never ready); the answers are the first full answer of each instance to
+    the same request, compared only when the service loads a model (a changed model must change
+    the answer, an unchanged one must not)."""
+    if failure is not None:
+        return [f"the replacement never served: {failure}"]
+    if answer_before is None or answer_after is None:
+        return []
+    if model_updated and answer_after == answer_before:
+        return [
+            f"the model object changed in S3 before the replacement started, but the replacement on {where} "
+            "answered exactly as the old model did: it served a stale cache (check the cached copy against "
+            "the object's ETag or digest before serving it)"
+        ]
+    if not model_updated and answer_after != answer_before:
+        return [
+            f"the replacement on {where} answered the same request differently from the first instance on the "
+            "same model object: it did not load the model the first one served (or its answers are not "
+            "deterministic, and a stale cache cannot be told from a fresh one)"
+        ]
+    return []
