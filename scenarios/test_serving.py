@@ -1,10 +1,11 @@
 """Services on spot: the reclaim notice under load. Every request in flight at the notice must be
 answered in full, none sent after it dropped (refused or 503 with Retry-After is fine), and the
-drain must be over before the kill. The services are declared in pyproject.toml."""
+drain must be over before the kill; the replacement must serve on the first available type of the
+fallback order, from a warm model cache that is never stale. The services are declared in pyproject.toml."""
 
 import pytest
 
 
-@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws"])
+@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws", "model-fallback", "model-republished"])
 def test_the_service_drains_through_its_reclaim_notice(spotchaos, name):
     spotchaos.check_drain(name)

@@ -111,3 +111,56 @@ def test_a_report_cut_anywhere_is_called_truncated_and_a_complete_bad_one_is_not
     with pytest.raises(ReportError) as complete_but_bad:
         load_report(path)
     assert "truncated" not in str(complete_but_bad.value) and "line 2" in str(complete_but_bad.value)
+
+
+SERVING = {
+    "service": "model-fallback",
+    "passed": True,
+    "killed": False,
+    "drain_seconds": 1.12,
+    "notice_seconds": 6.0,
+    "channel": "gcp",
+    "failed": 0,
+    "requests": 296,
+    "steady_p50": 0.21,
+    "steady_p99": 0.23,
+    "drain_p50": 0.21,
+    "drain_p99": 0.21,
+    "ttfr_seconds": 2.96,
+    "cache": "cold",
+    "warm_cold_ttfr_ratio": 0.46,
+    "timeline": {
+        "width": 0.25,
+        "start": -1.5,
+        "counts": {"ok": [8, 8, 8, 8, 8, 8, 0, 0, 4, 8], "refused": [0] * 7 + [9]},
+    },
+    "marks": {"notice": 0.0, "deadline": 6.0, "gone": 1.12, "replacement_launched": 1.13},
+    "replacement": {
+        "instance_type": "g4dn.xlarge-spot",
+        "ttfr_seconds": 1.36,
+        "first_answer_after_notice": 2.49,
+        "cache": "warm",
+        "order_followed": [
+            {"name": "g5.xlarge-spot", "memory": "3g", "cpus": None, "spot": True, "available": False},
+            {"name": "g4dn.xlarge-spot", "memory": "1g", "cpus": 2, "spot": True, "available": True},
+        ],
+    },
+}
+
+
+def test_a_service_run_shows_its_timeline_cold_and_warm_starts_order_and_plot():
+    from spotchaos.report.html import render_html
+
+    document = {**DOCUMENT, "scenarios": [{**DOCUMENT["scenarios"][0], "runs": [], "figures": {"serving": [SERVING]}}]}
+    text = render_markdown(document)
+    assert "service replaced" not in text
+    assert "timeline: notice at 0 s, service gone at 1.12 s (deadline 6.0 s), replacement launched at 1.13 s" in text
+    assert "its first answer at 2.49 s" in text
+    assert "time to first request: 2.96 s (cold model cache); replacement 1.36 s (warm); warm/cold 0.46" in text
+    assert (
+        "fallback order followed: g5.xlarge-spot (3g, spot, no capacity) → g4dn.xlarge-spot (1g, 2 CPUs, spot): "
+        "replaced on g4dn.xlarge-spot"
+    ) in text
+    page = render_html(document)
+    assert 'alt="requests of s.py::ok[ref] by outcome over time, with the notice and the kill marked"' in page
+    assert "fallback order followed" in page and page.count('class="plot"') == 1

@@ -174,6 +174,11 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
             "deadline": float(service.notice_seconds or 30.0),
             "gone": round(exited_at - notice_at, 3),
             **({"replacement_launched": round(replacement_at - notice_at, 3)} if replacement_at else {}),
+            **(
+                {"replacement_answered": replacement["first_answer_after_notice"]}
+                if replacement.get("first_answer_after_notice") is not None
+                else {}
+            ),
         },
     )
     if replacement:

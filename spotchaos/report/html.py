@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from ..extras import require
-from .plots import divergence_png, trajectory_png
+from .plots import divergence_png, requests_png, trajectory_png
 from .summary import comparison_notes, figure_lines, lost_steps, verdict_word
 
 jinja2 = require("jinja2", "html", "report.html")
@@ -64,17 +64,25 @@ def _job_text(job: dict[str, Any]) -> str:
 
 
 def _plots(scenario: dict[str, Any], divergence: dict[str, Any] | None) -> list[dict[str, str]]:
-    trajectory = scenario.get("trajectory")
-    if not trajectory or not trajectory.get("points"):
-        return []
     name = scenario.get("scenario", "")
     plots = [
         {
-            "alt": f"loss trajectory of {name}: reference and chaos run",
-            "png": trajectory_png(trajectory, f"{scenario.get('job')}: plan {trajectory.get('plan') or 'none'}"),
+            "alt": f"requests of {name} by outcome over time, with the notice and the kill marked",
+            "png": requests_png(item, f"service {item.get('service')}: requests by outcome ({item.get('channel')})"),
         }
+        for item in (scenario.get("figures") or {}).get("serving", [])
+        if item.get("timeline")
     ]
-    if divergence and isinstance(divergence.get("step"), int):
+    trajectory = scenario.get("trajectory")
+    if trajectory and trajectory.get("points"):
+        plots.insert(
+            0,
+            {
+                "alt": f"loss trajectory of {name}: reference and chaos run",
+                "png": trajectory_png(trajectory, f"{scenario.get('job')}: plan {trajectory.get('plan') or 'none'}"),
+            },
+        )
+    if trajectory and divergence and isinstance(divergence.get("step"), int):
         step = divergence["step"]
         plots.append(
             {

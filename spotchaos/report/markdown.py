@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..sanitize import markdown_text, visible
-from .summary import comparison_notes, drain_line, lost_steps, storage_line, verdict_word, world_line
+from .summary import (
+    comparison_notes,
+    drain_line,
+    lost_steps,
+    service_lines,
+    storage_line,
+    verdict_word,
+    world_line,
+)
 
 
 def _cell(value: Any) -> str:
@@ -111,6 +119,7 @@ def render_markdown(document: dict[str, Any]) -> str:
                 lines.append(f"| {_name(s['scenario'])} | {row.get('world')} ranks | {_cell(world_line(row))} |")
             for item in f.get("serving", []):
                 lines.append(f"| {_name(s['scenario'])} | drain | {_cell(drain_line(item))} |")
+                lines += [f"| {_name(s['scenario'])} | service | {_cell(line)} |" for line in service_lines(item)]
             for row in f.get("reshard", []):
                 shown = f"{'passed' if row.get('passed') else 'FAILED'}, resumed after step {row.get('resumed_from')}"
                 what = f"reshard {row.get('saved_world')} -> {row.get('resumed_world')} ranks"

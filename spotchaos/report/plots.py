@@ -78,3 +78,55 @@ def divergence_png(trajectory: dict[str, Any], step: int, title: str) -> bytes:
     ax.axvspan(step - 0.5, step + 0.5, color="#d62728", alpha=0.12)
     ax.set_title(title, fontsize=9)
     return _png(fig)
+
+
+OUTCOME_COLOURS = {
+    "ok": "#2ca02c",
+    "unavailable": "#bcbd22",
+    "refused": "#17becf",
+    "dropped": "#d62728",
+    "cut": "#9467bd",
+    "error": "#8c564b",
+    "timeout": "#e377c2",
+}
+SERVICE_MARKS = {
+    "notice": {"color": "#ff7f0e", "linestyle": "--"},
+    "gone": {"color": "#d62728", "linestyle": "-"},
+    "deadline": {"color": "#7f7f7f", "linestyle": ":"},
+    "replacement_launched": {"color": "#1f77b4", "linestyle": "-."},
+    "replacement_answered": {"color": "#2ca02c", "linestyle": "-."},
+}
+
+
+def requests_png(item: dict[str, Any], title: str) -> bytes:
+    """Requests by outcome over time (stacked, by when each ended), the notice, the service's
+    end, the deadline and the replacement's launch marked."""
+    timeline = item.get("timeline") or {}
+    width, start = float(timeline.get("width") or 0.25), float(timeline.get("start") or 0.0)
+    counts: dict[str, list[int]] = timeline.get("counts") or {}
+    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    bottom: list[int] = []
+    for outcome in [o for o in OUTCOME_COLOURS if o in counts] + [o for o in counts if o not in OUTCOME_COLOURS]:
+        row = counts[outcome]
+        if len(bottom) < len(row):
+            bottom += [0] * (len(row) - len(bottom))
+        xs = [start + width * index for index in range(len(row))]
+        ax.bar(
+            xs,
+            row,
+            width=width,
+            align="edge",
+            bottom=bottom[: len(row)],
+            label=outcome,
+            color=OUTCOME_COLOURS.get(outcome, "#333333"),
+        )
+        bottom = [b + (row[i] if i < len(row) else 0) for i, b in enumerate(bottom)]
+    for name, at in (item.get("marks") or {}).items():
+        if isinstance(at, int | float):
+            ax.axvline(at, linewidth=1.2, label=name.replace("_", " "), **SERVICE_MARKS.get(name, {}))
+    ax.set_xlabel("seconds from the notice")
+    ax.set_ylabel(f"requests per {width:g} s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never on them
+    ax.set_title(title, fontsize=9)
+    return _png(fig)

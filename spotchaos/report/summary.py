@@ -38,6 +38,8 @@ def figure_lines(figures: dict[str, Any]) -> list[str]:
         shown = "none" if flush["flush_seconds"] is None else f"{flush['flush_seconds']:.3g} s"
         lines.append(f"notice flush ({flush['fault']}): {shown} of a {flush['window']:g} s window")
     lines += [storage_line(item) for item in figures.get("storage", [])]
+    for item in figures.get("serving", []):
+        lines += [f"service {item.get('service')}: {drain_line(item)}", *service_lines(item)]
     return lines
 
 
@@ -50,6 +52,46 @@ def drain_line(item: dict[str, Any]) -> str:
         f"{item.get('steady_p50')}/{item.get('steady_p99')} s steady, {item.get('drain_p50')}/{item.get('drain_p99')} "
         "s draining"
     )
+
+
+def service_lines(item: dict[str, Any]) -> list[str]:
+    """A service run's timeline, its cold and warm starts and the fallback order followed."""
+    marks = item.get("marks") or {}
+    timeline = f"timeline: notice at 0 s, service gone at {marks.get('gone')} s (deadline {marks.get('deadline')} s)"
+    replacement = item.get("replacement") or {}
+    if "replacement_launched" in marks:
+        timeline += f", replacement launched at {marks['replacement_launched']} s"
+        if replacement.get("first_answer_after_notice") is not None:
+            timeline += f", its first answer at {replacement['first_answer_after_notice']} s"
+        else:
+            timeline += ", never answered"
+    lines = [timeline]
+    start = f"time to first request: {item.get('ttfr_seconds')} s"
+    if item.get("cache"):
+        start += f" ({item['cache']} model cache)"
+    if replacement.get("ttfr_seconds") is not None:
+        start += f"; replacement {replacement['ttfr_seconds']} s ({replacement.get('cache') or 'no model cache'})"
+    if item.get("warm_cold_ttfr_ratio") is not None:
+        start += f"; warm/cold {item['warm_cold_ttfr_ratio']}"
+    lines.append(start)
+    order = replacement.get("order_followed")
+    if order:
+        steps = []
+        for entry in order:
+            profile = ", ".join(
+                part
+                for part in (
+                    entry.get("memory"),
+                    f"{entry['cpus']} CPUs" if entry.get("cpus") else None,
+                    "spot" if entry.get("spot") else "on-demand",
+                )
+                if part
+            )
+            steps.append(f"{entry.get('name')} ({profile}{'' if entry.get('available') else ', no capacity'})")
+        lines.append(
+            "fallback order followed: " + " → ".join(steps) + f": replaced on {replacement.get('instance_type')}"
+        )
+    return lines
 
 
 def world_line(row: dict[str, Any]) -> str:
