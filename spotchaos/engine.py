@@ -29,6 +29,7 @@ from .events import EventReader
 from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
 from .leftovers import LiveJobs
 from .logadapter import LogEventReader, StepConvention
+from .notices import MetadataNotice, channel
 from .plan import Plan, Preemption
 from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_FINAL_TENSORS, ENV_RUN_ID
 from .processes import end_marked
@@ -99,8 +100,10 @@ class _AttemptWatch:
         preemption: Preemption | None,
         preempt_when: Callable[[], bool] | None = None,
         on_checkpoint: Callable[[dict], None] | None = None,
+        metadata: MetadataNotice | None = None,
     ):
         self.job = job
+        self.metadata = metadata  # a cloud notice's instance metadata, served for this attempt
         self.on_checkpoint = on_checkpoint
         self.preempt_when = preempt_when
         self.handle = handle
@@ -157,6 +160,8 @@ class _AttemptWatch:
             return
         fault = PREEMPTIONS[p.fault]
         fault.apply(self.handle)
+        if self.metadata is not None:  # the notice goes up on the metadata; the deadline is the grace window's end
+            self.metadata.deliver(self.handle, time.time() + float(self.job.grace_seconds or 30.0))
         self.delivered_at = now
         self.fault = FaultRecord(
             fault=p.fault,
@@ -384,6 +389,11 @@ def _run_attempt(
         env["TMPDIR"] = str(scratch)
     if job.exactness == "envelope" and job.log is None:
         env[ENV_FINAL_TENSORS] = str(folder / FINAL_TENSORS)  # the probe saves the weights themselves
+    metadata = None
+    fault = PREEMPTIONS[preemption.fault] if preemption is not None and preemption.fault in PREEMPTIONS else None
+    if getattr(fault, "metadata", None):
+        metadata = channel(fault.metadata)  # type: ignore[union-attr]
+        env.update(metadata.environment())
     env.update(dict(options.extra_env))
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
     # an output directory writes where the harness works on copies.
@@ -415,6 +425,8 @@ def _run_attempt(
     except BaseException:  # never started: its temporary folder goes now, not with a cleanup that never runs
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if metadata is not None:
+            metadata.close()
         raise
     # written down for the next pytest, should this one die: who runs, and the folder to remove
     identity = {**getattr(handle, "identity", {}), "scratch": str(scratch) if scratch is not None else None}
@@ -426,7 +438,13 @@ def _run_attempt(
             keep(event, index, checkpoints, kept_dir(workdir))
 
     watch = _AttemptWatch(
-        job, handle, reader, None if crash_at is not None else preemption, options.preempt_when, on_checkpoint
+        job,
+        handle,
+        reader,
+        None if crash_at is not None else preemption,
+        options.preempt_when,
+        on_checkpoint,
+        metadata,
     )
     orphans: list[int] = []
     escaped: list[str] = []
@@ -446,6 +464,10 @@ def _run_attempt(
             options.live.discard(entry)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links inside are removed, never followed
+            if metadata is not None:
+                metadata.close()
+    if metadata is not None and watch.fault is not None and watch.delivered_at is not None:
+        watch.fault.detail = metadata.how_it_was_read(watch.delivered_at)  # did the trainer read it, how soon
     if isinstance(reader, LogEventReader) and watch.fault is None:  # a clean exit after a notice is no finish
         if watch.exit_code == 0 and index == 0 and not any(e["event"] == "step" for e in reader.events):
             stream = spec.stdout_path if job.log.stream == "stdout" else spec.stderr_path

@@ -241,6 +241,14 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
             "their emergency checkpoint was durable: it must finish within 30 s under torchrun"
         )
     if attempt.fault is not None and attempt.fault.grace_exceeded:
+        if g.fault.endswith("-notice"):  # posted on the instance metadata, no signal sent
+            provider = g.fault.removesuffix("-notice")
+            return (
+                f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, a reclaim "
+                f"notice posted on {provider}'s instance metadata with no SIGTERM, so it was SIGKILLed; "
+                f"{attempt.fault.detail or 'the metadata was not read'}: poll the metadata for the notice "
+                "(on this cloud no signal may come before the kill)"
+            )
         if attempt.fault.detail and not attempt.of_kind("notice"):
             return (
                 f"the signal never reached the trainer: {signal} was not answered within {g.grace_seconds:g} s "

@@ -37,6 +37,14 @@ CASES = [
         id="ignores-sigterm",
     ),
     pytest.param(
+        trainer_job("broken_sigterm_only", "--step-seconds", "0.25", grace_seconds=1.5),
+        "gcp-notice@3",
+        r"grace window exceeded: the job did not exit within 1.5 s of gcp-notice after step \d+ \(attempt 0\), a "
+        r"reclaim notice posted on gcp's instance metadata with no SIGTERM.*it read preempted 0 time\(s\), never "
+        r"after the notice: poll the metadata",
+        id="sigterm-only-on-gcp",
+    ),
+    pytest.param(
         trainer_job("broken_workers_die_on_sigterm", "--num-workers", "2"),
         "sigterm-group@5",
         r"exited with status 1 .* after sigterm-group .*DataLoader workers",

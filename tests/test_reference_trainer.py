@@ -21,6 +21,9 @@ CRASHPOINT = ROOT / "spotchaos" / "crashpoint"
 
 WORKERS0 = trainer_job(name="ref0")
 WORKERS2 = trainer_job("reference_trainer", "--num-workers", "2", name="ref2")
+PACED = trainer_job(
+    "reference_trainer", "--step-seconds", "0.1", name="ref0-paced"
+)  # the metadata is polled every 0.2 s
 
 
 def test_worker_processes_do_not_change_the_trajectory(runner):
@@ -40,6 +43,7 @@ def test_worker_processes_do_not_change_the_trajectory(runner):
         (WORKERS0, "sigkill@6"),
         (WORKERS2, "sigkill@9"),
         (WORKERS2, "sigterm-group@2,sigkill@7,sigterm@12"),
+        (PACED, "aws-notice@2,gcp-notice@6,azure-notice@9,alibaba-notice@12"),
     ],
 )
 def test_preempt_and_resume_is_bit_exact(runner, job, plan):
@@ -49,6 +53,8 @@ def test_preempt_and_resume_is_bit_exact(runner, job, plan):
         assert grace.ok and grace.checkpoint_step is not None and grace.checkpoint_step >= grace.signal_step
     if "sigkill" in plan:
         assert verdict.lost_steps > 0  # a hard kill replays from the last periodic checkpoint
+    if "-notice" in plan:  # read from the instance metadata, no signal: the trainer says so with signal 0
+        assert len(verdict.grace) == 4 and verdict.lost_steps == 0
 
 
 def run_trainer(tmp_path, events_name, *args, env=None):

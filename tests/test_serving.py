@@ -14,8 +14,7 @@ import pytest
 from spotchaos.config import load_settings
 from spotchaos.errors import ConfigError, JobError
 from spotchaos.families.serving import DrainFailure
-from spotchaos.serving.load import RequestRecord
-from spotchaos.serving.notices import (
+from spotchaos.notices import (
     ALIBABA_TERMINATION,
     AWS_INSTANCE_ACTION,
     AWS_REBALANCE,
@@ -27,6 +26,7 @@ from spotchaos.serving.notices import (
     AzureScheduledEvents,
     GcpMetadataNotice,
 )
+from spotchaos.serving.load import RequestRecord
 from spotchaos.serving.spec import ServiceSpec, service_from_mapping
 from spotchaos.serving.verdict import judge_drain, judge_replacement
 

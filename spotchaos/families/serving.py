@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JobError, ScenarioFailure
+from ..notices import channel
 from ..ports import free_port
 from ..record import ScenarioRecord
 from ..serving.load import Load, RequestRecord
 from ..serving.model_store import ModelStore
-from ..serving.notices import channel
 from ..serving.platform import Instance
 from ..serving.spec import InstanceType, ServiceSpec
 from ..serving.verdict import DrainVerdict, judge_drain, judge_replacement

@@ -12,7 +12,7 @@ from typing import Protocol
 from ..backends.base import Handle
 from .checkpoint import CHECKPOINT_FAULTS, CheckpointSet, Damage
 from .ranks import HangRank, KillRank, LoseNode, rank_fault
-from .signals import CrashPoint, HardKill, Notice
+from .signals import CloudNotice, CrashPoint, HardKill, Notice
 
 
 class PreemptionFault(Protocol):
@@ -50,6 +50,7 @@ PREEMPTIONS: dict[str, PreemptionFault] = _Preemptions(
         "sigterm-group": Notice(whole_group=True),
         "sigkill": HardKill(),
         "crash": CrashPoint(),  # crash@N: N is a file-system event (Preemption.fs_event), not a training step
+        **{fault.name: fault for fault in (CloudNotice(p) for p in ("aws", "gcp", "azure", "alibaba"))},
     }
 )
 
@@ -57,6 +58,7 @@ __all__ = [
     "CHECKPOINT_FAULTS",
     "PREEMPTIONS",
     "CheckpointSet",
+    "CloudNotice",
     "CrashPoint",
     "Damage",
     "HangRank",

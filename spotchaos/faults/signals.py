@@ -28,6 +28,25 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class CloudNotice:
+    """The reclaim notice posted on the cloud's instance metadata (served by the harness on
+    127.0.0.1, see :mod:`spotchaos.notices`), with no signal: many trainers poll the metadata
+    instead of handling SIGTERM, and on some clouds no SIGTERM comes before the kill. The engine
+    starts the metadata server for the attempt (``metadata``), posts the notice at the planned
+    step, and SIGKILLs when the grace window ends."""
+
+    metadata: str  # the provider: aws, gcp, azure, alibaba
+    graceful: bool = field(default=True, init=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.metadata}-notice"
+
+    def apply(self, handle: Handle) -> None:
+        pass  # posted on the attempt's metadata server by the engine, not sent to a process
+
+
+@dataclass(frozen=True)
 class HardKill:
     """SIGKILL to every process of the job with no warning: a host lost, an OOM kill."""
 

@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..backends.base import Handle
+from .backends.base import Handle
 
 ENV_METADATA_URL = "SPOTCHAOS_METADATA_URL"
 ENV_METADATA_PROVIDER = "SPOTCHAOS_METADATA_PROVIDER"
