@@ -188,7 +188,8 @@ def _catch_stop_signals(state: _State, config: pytest.Config) -> None:
 def _selected(state: _State) -> list[JobSpec]:
     o = state.options
     jobs = [j for j in state.settings.jobs if not o.jobs or j.name in o.jobs]
-    return [j.in_image(o.image) for j in jobs] if o.image else jobs
+    # torchrun jobs stay local processes: a container's torchrun is not built (docs/distributed.md)
+    return [j.in_image(o.image) if o.image and j.launcher != "torchrun" else j for j in jobs]
 
 
 def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:

@@ -98,8 +98,10 @@ class Scenario:
             raise ScenarioFailure("not deterministic or not bit-exact at:\n" + "\n".join(lines))
 
     def service(self, name: str) -> ServiceSpec:
-        """A service declared in ``[tool.spotchaos.services.NAME]``."""
-        return self._state.settings.service(name)
+        """A service declared in ``[tool.spotchaos.services.NAME]`` (in ``--spotchaos-image``'s
+        container when that option is given, as jobs are)."""
+        spec = self._state.settings.service(name)
+        return spec.in_image(self._state.options.image) if self._state.options.image else spec
 
     def check_drain(self, service: ServiceSpec | str) -> None:
         """A service through its reclaim notice under load (``service`` or its declared name): every

@@ -353,3 +353,15 @@ def test_a_service_in_a_container_drains_and_its_replacement_gets_the_types_memo
     assert "the replacement never served: service 'model-fallback' on g4dn.xlarge-spot, memory 1g" in text, text
     assert "killed it for memory (over the 1g of g4dn.xlarge-spot)" in text, text
     assert _ours_left(docker_session) == []
+
+
+@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws", "model-republished"])
+def test_the_built_in_services_pass_in_containers(docker_session, runner, name):
+    """Every built-in service scenario on Docker too (model-fallback: the test above), as
+    ``--spotchaos-image`` runs them."""
+    from spotchaos.config import load_settings
+
+    spec = load_settings(ROOT / "pyproject.toml").service(name).in_image(IMAGE)
+    figures = runner.check_drain(spec)
+    assert figures["backend"] == "docker" and figures["failed"] == 0 and not figures["killed"], figures
+    assert _ours_left(docker_session) == []

@@ -258,3 +258,19 @@ def test_a_job_named_with_spotchaos_job_runs_every_scenario_even_with_parametriz
     chosen.stdout.fnmatch_lines(["test_s.py::test_resume[[]mine[]]"])
     unnamed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q")
     assert "test_resume[mine]" not in unnamed.stdout.str()
+
+
+def test_an_image_for_every_job_leaves_torchrun_jobs_local_instead_of_crashing(pytester):
+    """--spotchaos-image on a project that also declares a torchrun job: the others go into the
+    image, the torchrun job stays a local process group (a container's torchrun is not built)."""
+    torchrun = f"""
+[tool.spotchaos.jobs.ranks]
+command = ["python", "{FIXTURES / "ddp_trainer.py"}"]
+launcher = "torchrun"
+nproc_per_node = 2
+"""
+    pytester.makefile(".toml", pyproject=pyproject() + torchrun)
+    pytester.makepyfile(test_s=SCENARIO)
+    listed = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-image=some/image:1", "--collect-only", "-q")
+    assert listed.ret == 0, listed.stdout.str() + listed.stderr.str()
+    listed.stdout.fnmatch_lines(["test_s.py::test_resume[[]ref[]]", "test_s.py::test_resume[[]ranks[]]"])

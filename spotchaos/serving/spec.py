@@ -8,7 +8,7 @@ in flight, how long the steady state lasts, how the reclaim notice arrives and h
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
@@ -166,6 +166,12 @@ class ServiceSpec:
             raise ConfigError(
                 f"{self.where('model.updated_file')}: the stale-cache check needs a replacement: add instance_types"
             )
+
+    def in_image(self, image: str) -> ServiceSpec:
+        """This service in a container of ``image`` (``--spotchaos-image``), keeping its own options."""
+        where = f"{self.source} [tool.spotchaos.services.{self.name}].container"
+        base = self.container or ContainerSpec(image=image, where=where)
+        return replace(self, container=replace(base, image=image))
 
     def replacement_type(self) -> InstanceType | None:
         """The first type of the order that has capacity: where the platform puts the replacement."""
