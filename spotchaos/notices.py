@@ -141,6 +141,14 @@ class MetadataNotice:
     def answer(self, method: str, path: str, query: dict[str, list[str]], headers: Any) -> tuple[int, str, dict]:
         raise NotImplementedError
 
+    def issue_token(self, asked: Any) -> tuple[int, str, dict]:
+        """A session token (IMDSv2, Alibaba's hardened mode) for a well-formed ``PUT``; 400 otherwise."""
+        if not asked:
+            return 400, "", {}
+        token = secrets.token_urlsafe(24)
+        self.tokens.add(token)
+        return 200, token, {}
+
     def deliver(self, handle: Handle | None, deadline_wall: float) -> None:
         with self.changed:
             self.deadline_wall = deadline_wall
@@ -174,11 +182,7 @@ class AwsMetadataNotice(MetadataNotice):
 
     def answer(self, method: str, path: str, query: dict, headers: Any) -> tuple[int, str, dict]:
         if method == "PUT":
-            if path != AWS_TOKEN or not headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                return 400, "", {}
-            token = secrets.token_urlsafe(24)
-            self.tokens.add(token)
-            return 200, token, {}
+            return self.issue_token(path == AWS_TOKEN and headers.get("X-aws-ec2-metadata-token-ttl-seconds"))
         if headers.get("X-aws-ec2-metadata-token") not in self.tokens:
             return 401, "", {}
         if path not in self.watched or self.deadline_wall is None:
@@ -259,11 +263,7 @@ class AlibabaMetadataNotice(MetadataNotice):
 
     def answer(self, method: str, path: str, query: dict, headers: Any) -> tuple[int, str, dict]:
         if method == "PUT":
-            if path != ALIBABA_TOKEN or not headers.get("X-aliyun-ecs-metadata-token-ttl-seconds"):
-                return 400, "", {}
-            token = secrets.token_urlsafe(24)
-            self.tokens.add(token)
-            return 200, token, {}
+            return self.issue_token(path == ALIBABA_TOKEN and headers.get("X-aliyun-ecs-metadata-token-ttl-seconds"))
         sent = headers.get("X-aliyun-ecs-metadata-token")
         if sent is not None and sent not in self.tokens:
             return 401, "", {}
