@@ -114,6 +114,21 @@ def test_a_republished_model_is_downloaded_again_and_a_stale_cache_is_caught(run
         runner.check_drain(service("model-republished", "broken_serve_stale_cache"))
 
 
+def test_a_request_factory_sends_different_requests_and_a_bad_one_is_named(runner):
+    from spotchaos.serving.spec import RequestRecipe
+
+    spec = service("model", request=RequestRecipe(factory="fixtures.load_requests:varied"), steady_seconds=0.8)
+    figures = runner.check_drain(spec)
+    assert figures["failed"] == 0 and figures["before_notice"].get("ok", 0) > 8, figures
+    recipe = RequestRecipe(factory="fixtures.load_requests:varied").resolve(ROOT)
+    bodies = {recipe.make(n).content for n in range(7)}
+    assert len(bodies) == 7 and recipe.make(0) == recipe.make(0)
+    with pytest.raises(ConfigError, match=r"request.factory: cannot import 'fixtures.load_requests:nothing'"):
+        runner.check_drain(service("model", request=RequestRecipe(factory="fixtures.load_requests:nothing")))
+    with pytest.raises(ConfigError, match=r"request\.factory returned 42: expected a mapping"):
+        RequestRecipe(factory=lambda n: 42).make(1)
+
+
 def test_a_service_that_dies_before_ready_is_one_clear_error(runner, script):
     command = script("import sys\nprint('no model here', file=sys.stderr)\nsys.exit(3)\n", name="dies.py")
     spec = ServiceSpec(name="dies", command=(*command, "{port}"), start_timeout_seconds=10)

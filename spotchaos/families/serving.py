@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ def _timeline(records: list[RequestRecord], origin: float, width: float = TIMELI
 def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Path]:
     """One run: start, steady state, notice, drain or kill, then the replacement on the first
     available type of the fallback order (if any); the verdict and the run's directory."""
+    service = replace(service, request=service.request.resolve(core.root))  # a "module:function" factory, imported
     workdir = core.next_dir(f"{service.name}-drain")
     workdir.mkdir(parents=True)
     port = service.port or free_port()

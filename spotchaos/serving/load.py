@@ -11,6 +11,7 @@ another status; ``timeout``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +33,7 @@ class RequestRecord:
     status: int | None = None
     retry_after: str | None = None
     detail: str = ""
+    instance: str | None = None  # which instance answered, when a balancer says (X-Spotchaos-Instance)
 
     def to_dict(self, origin: float) -> dict[str, Any]:
         data = asdict(self)
@@ -49,6 +51,7 @@ class Load:
         self.concurrency = concurrency
         self.timeout = timeout
         self.records: list[RequestRecord] = []
+        self._numbers = itertools.count(1)  # request 0 is the first-answer probe's
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spotchaos-load", daemon=True)
         self._error: BaseException | None = None
@@ -90,15 +93,22 @@ class Load:
 
     async def _one(self, client: Any, worker: int) -> RequestRecord:
         httpx, recipe = self.httpx, self.recipe
+        request = recipe.make(next(self._numbers))
         started = time.monotonic()
-        kwargs: dict[str, Any] = {}
-        if recipe.body is not None:
-            kwargs = {"content": recipe.body.encode(), "headers": {"content-type": "application/json"}}
         try:
-            async with client.stream(recipe.method, recipe.path, **kwargs) as response:
-                body = b"".join([chunk async for chunk in response.aiter_bytes()])
+            async with client.stream(
+                request.method, request.path, content=request.content, headers=dict(request.headers)
+            ) as response:
                 status = response.status_code
                 retry_after = response.headers.get("retry-after")
+                instance = response.headers.get("x-spotchaos-instance")
+                try:
+                    body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                except (httpx.RemoteProtocolError, httpx.ReadError) as exc:  # the answer began, then broke off
+                    outcome = "cut" if recipe.stream else "dropped"
+                    return RequestRecord(
+                        worker, started, time.monotonic(), outcome, status, None, _short(exc), instance
+                    )
         except httpx.ConnectError as exc:
             return RequestRecord(worker, started, time.monotonic(), "refused", detail=_short(exc))
         except httpx.TimeoutException as exc:
@@ -108,12 +118,14 @@ class Load:
             return RequestRecord(worker, started, time.monotonic(), outcome, detail=_short(exc))
         ended = time.monotonic()
         if status == 503:
-            return RequestRecord(worker, started, ended, "unavailable", status, retry_after)
+            return RequestRecord(worker, started, ended, "unavailable", status, retry_after, instance=instance)
         if not 200 <= status < 300:
-            return RequestRecord(worker, started, ended, "error", status, detail=body[:120].decode("utf-8", "replace"))
+            detail = body[:120].decode("utf-8", "replace")
+            return RequestRecord(worker, started, ended, "error", status, detail=detail, instance=instance)
         if recipe.stream and recipe.stream_end and not body.rstrip().endswith(recipe.stream_end.encode()):
-            return RequestRecord(worker, started, ended, "cut", status, detail=f"no {recipe.stream_end!r} at the end")
-        return RequestRecord(worker, started, ended, "ok", status)
+            detail = f"no {recipe.stream_end!r} at the end"
+            return RequestRecord(worker, started, ended, "cut", status, detail=detail, instance=instance)
+        return RequestRecord(worker, started, ended, "ok", status, instance=instance)
 
 
 def _pause(retry_after: str | None) -> float:

@@ -193,12 +193,11 @@ class Instance:
         service, recipe = self.service, self.service.request
         ready: float | None = None
         deadline = self.launched_at + timeout
-        content = recipe.body.encode() if recipe.body is not None else None
-        headers = {"content-type": "application/json"} if content is not None else {}
+        first = recipe.make(0)
         while True:
             code = self.handle.poll()
             if code is not None:
-                waiting = f"GET {service.ready_path}" if ready is None else f"its first {recipe.method} {recipe.path}"
+                waiting = f"GET {service.ready_path}" if ready is None else f"its first {first.method} {first.path}"
                 raise JobError(
                     f"{self.where()} died before {'it was ready' if ready is None else 'it answered'} ({waiting}): "
                     f"{self.death(code)}; its stderr:\n{_tail(self.spec.stderr_path)}"
@@ -210,7 +209,11 @@ class Instance:
                         continue
                 else:
                     answer = httpx.request(
-                        recipe.method, self.base_url + recipe.path, content=content, headers=headers, timeout=10.0
+                        first.method,
+                        self.base_url + first.path,
+                        content=first.content,
+                        headers=dict(first.headers),
+                        timeout=10.0,
                     )
                     if answer.status_code == 200:
                         return FirstAnswer(ready, time.monotonic() - self.launched_at, answer.content)

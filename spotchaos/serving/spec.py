@@ -7,8 +7,12 @@ in flight, how long the steady state lasts, how the reclaim notice arrives and h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+import json
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ..config import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
@@ -21,15 +25,67 @@ METHODS = ("GET", "POST", "PUT")
 
 
 @dataclass(frozen=True)
+class Request:
+    """One request as it goes on the wire."""
+
+    method: str
+    path: str
+    content: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class RequestRecipe:
     """The request the load keeps repeating. ``stream``: the answer is read chunk by chunk and must
-    end with ``stream_end`` (a stream cut short is a failed request)."""
+    end with ``stream_end`` (a stream cut short is a failed request). ``factory``: a callable (or
+    ``"module:function"``, imported from the project) called with the request's number that returns
+    ``{"method", "path", "body", "headers"}``, for loads whose requests differ (prompts, sizes);
+    request 0 is the one both instances answer for the time to first request and the stale-model check."""
 
     method: str = "POST"
     path: str = "/predict"
     body: str | None = None  # sent as application/json
     stream: bool = False
     stream_end: str | None = None
+    factory: Callable[[int], Mapping[str, Any]] | str | None = None
+
+    def resolve(self, root: Path) -> RequestRecipe:
+        """This recipe with a ``"module:function"`` factory imported (``root`` on the import path)."""
+        if not isinstance(self.factory, str):
+            return self
+        module_name, _, function = self.factory.partition(":")
+        if not module_name or not function:
+            raise ConfigError(f"request.factory: {self.factory!r} is not 'module:function'")
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        try:
+            made = getattr(importlib.import_module(module_name), function)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"request.factory: cannot import {self.factory!r}: {exc}") from None
+        if not callable(made):
+            raise ConfigError(f"request.factory: {self.factory!r} is not callable")
+        return replace(self, factory=made)
+
+    def make(self, number: int) -> Request:
+        if self.factory is None:
+            content = self.body.encode() if self.body is not None else None
+            headers = (("content-type", "application/json"),) if content is not None else ()
+            return Request(self.method, self.path, content, headers)
+        assert callable(self.factory), "resolve() the recipe first"
+        made = self.factory(number)
+        if not isinstance(made, Mapping) or not isinstance(made.get("path", "/"), str):
+            raise ConfigError(f"request.factory returned {made!r}: expected a mapping with method, path, body")
+        body = made.get("body")
+        headers = dict(made.get("headers") or {})
+        if isinstance(body, Mapping | list):
+            body = json.dumps(body)
+        if isinstance(body, str):
+            body = body.encode()
+            headers.setdefault("content-type", "application/json")
+        method = str(made.get("method", "POST")).upper()
+        if method not in METHODS:
+            raise ConfigError(f"request.factory returned method {method!r}: must be one of {', '.join(METHODS)}")
+        return Request(method, str(made.get("path", self.path)), body, tuple(headers.items()))
 
 
 @dataclass(frozen=True)
@@ -221,7 +277,7 @@ _KEYS = {
     "replacement_timeout_seconds",
     "model",
 }
-_REQUEST_KEYS = {"method", "path", "body", "stream", "stream_end"}
+_REQUEST_KEYS = {"method", "path", "body", "stream", "stream_end", "factory"}
 _TYPE_KEYS = {"name", "memory", "cpus", "spot"}
 _MODEL_KEYS = {"file", "key", "updated_file", "cold_bandwidth"}
 
