@@ -5,7 +5,9 @@ fallback order, from a warm model cache that is never stale. The services are de
 
 import pytest
 
+SERVICES = ["model", "model-stream", "model-aws", "model-fallback", "model-republished", "model-pai-eas"]
 
-@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws", "model-fallback", "model-republished"])
+
+@pytest.mark.parametrize("name", SERVICES)
 def test_the_service_drains_through_its_reclaim_notice(spotchaos, name):
     spotchaos.check_drain(name)

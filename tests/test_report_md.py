@@ -135,6 +135,8 @@ SERVING = {
         "counts": {"ok": [8, 8, 8, 8, 8, 8, 0, 0, 4, 8], "refused": [0] * 7 + [9]},
     },
     "marks": {"notice": 0.0, "deadline": 6.0, "gone": 1.12, "replacement_launched": 1.13},
+    "served_by": {"first": 64, "replacement": 24},
+    "longest_gap_seconds": 2.07,
     "replacement": {
         "instance_type": "g4dn.xlarge-spot",
         "ttfr_seconds": 1.36,
@@ -155,7 +157,8 @@ def test_a_service_run_shows_its_timeline_cold_and_warm_starts_order_and_plot():
     text = render_markdown(document)
     assert "service replaced" not in text
     assert "timeline: notice at 0 s, service gone at 1.12 s (deadline 6.0 s), replacement launched at 1.13 s" in text
-    assert "its first answer at 2.49 s" in text
+    assert "its first answer at 2.49 s; behind the balancer, answered by first 64, replacement 24" in text
+    assert "longest stretch with no answer 2.07 s" in text
     assert "time to first request: 2.96 s (cold model cache); replacement 1.36 s (warm); warm/cold 0.46" in text
     assert (
         "fallback order followed: g5.xlarge-spot (3g, spot, no capacity) → g4dn.xlarge-spot (1g, 2 CPUs, spot): "

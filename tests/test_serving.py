@@ -28,7 +28,7 @@ from spotchaos.notices import (
 )
 from spotchaos.serving.load import RequestRecord
 from spotchaos.serving.spec import ServiceSpec, service_from_mapping
-from spotchaos.serving.verdict import judge_drain, judge_replacement
+from spotchaos.serving.verdict import judge_drain, judge_replacement, longest_gap
 
 from .helpers import FIXTURES, ROOT
 
@@ -112,6 +112,22 @@ def test_a_republished_model_is_downloaded_again_and_a_stale_cache_is_caught(run
     assert figures["replacement"]["cache"] == "stale-check" and figures["replacement"]["instance_type"] == "g5.xlarge"
     with pytest.raises(DrainFailure, match="answered exactly as the old model did: it served a stale cache"):
         runner.check_drain(service("model-republished", "broken_serve_stale_cache"))
+
+
+def test_behind_the_balancer_the_replacement_starts_at_the_notice_and_takes_traffic(runner):
+    """PAI-EAS's way: the balancer stops sending to the instance that fails its readiness, answers
+    503 with Retry-After while none is ready, and sends to the replacement launched at the notice."""
+    figures = runner.check_drain(service("model-pai-eas"))
+    assert figures["balancer"] and figures["failed"] == 0, figures
+    assert figures["marks"]["replacement_launched"] < 0.5 < figures["marks"]["replacement_answered"], figures
+    assert figures["served_by"]["first"] > 0 and figures["served_by"]["replacement"] > 0, figures
+    assert figures["replacement_requests"] == {"ok": figures["served_by"]["replacement"]}, figures
+    assert "refused" not in figures["after_notice"], figures  # the balancer answers 503, never refuses
+    assert figures["longest_gap_seconds"] < figures["marks"]["replacement_answered"] + 0.5, figures
+    with pytest.raises(DrainFailure) as failure:  # deaf to Alibaba's metadata: the balancer keeps sending to it
+        runner.check_drain(service("model-pai-eas", "broken_serve_ignores_metadata", notice_seconds=3.0))
+    text = str(failure.value)
+    assert "the drain was not over at the kill" in text and "termination-time 0 time(s)" in text, text
 
 
 def test_a_request_factory_sends_different_requests_and_a_bad_one_is_named(runner):
@@ -225,6 +241,8 @@ def test_the_replacement_verdict_on_hand_made_answers():
     assert "it served a stale cache" in stale and where in stale
     (other,) = judge_replacement(where=where, failure=None, model_updated=False, answer_before=b"1", answer_after=b"2")
     assert "answered the same request differently" in other
+    records = [record(0.0, 0.2, "ok"), record(0.9, 1.1, "ok"), record(1.2, 2.0, "refused"), record(2.0, 3.5, "ok")]
+    assert longest_gap(records, notice_at=1.0) == 2.4 and longest_gap(records[:1], notice_at=1.0) is None
     (died,) = judge_replacement(
         where=where, failure="it exited", model_updated=False, answer_before=None, answer_after=None
     )
@@ -247,6 +265,7 @@ def test_the_replacement_verdict_on_hand_made_answers():
         ({"command": "python s.py {port}", "model": {"key": "m.pt"}}, r"model\.file: required"),
         ({"command": "python s.py {port}", "model": {"file": "m.pt", "updated_file": "n.pt"}}, "needs a replacement"),
         ({"command": "python s.py {port}", "container": {"user": "1"}}, "needs an image"),
+        ({"command": "python s.py", "port": 8000, "balancer": True}, "each instance gets its own port"),
     ],
 )
 def test_service_settings_are_checked(table, message):

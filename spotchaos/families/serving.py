@@ -15,6 +15,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,11 +25,12 @@ from ..errors import JobError, ScenarioFailure
 from ..notices import channel
 from ..ports import free_port
 from ..record import ScenarioRecord
+from ..serving.balancer import Balancer
 from ..serving.load import Load, RequestRecord
 from ..serving.model_store import ModelStore
 from ..serving.platform import Instance
 from ..serving.spec import InstanceType, ServiceSpec
-from ..serving.verdict import DrainVerdict, judge_drain, judge_replacement
+from ..serving.verdict import DrainVerdict, judge_drain, judge_replacement, longest_gap
 from ..session import SessionCore
 
 log = logging.getLogger("spotchaos")
@@ -81,10 +84,17 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
             core.secrets.append(core.s3.credentials.secret_key)
             env.update(store.environment)
 
+        lb = (
+            stack.enter_context(Balancer(service.ready_path, service.request_timeout_seconds))
+            if service.balancer
+            else None
+        )
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotchaos-replacement"))
+
         def instance(label: str, itype: InstanceType | None, metadata: dict[str, str]) -> Instance:
-            return Instance(
+            started = Instance(
                 service,
-                port=port,
+                port=free_port() if lb is not None else port,  # behind a balancer each instance has its own
                 env={**env, **metadata},
                 workdir=workdir,
                 label=label,
@@ -93,27 +103,19 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
                 python=sys.executable,
                 docker_backend=docker,
             )
+            stack.enter_context(started)
+            if lb is not None:
+                lb.register(label, started.base_url)
+            return started
 
         types = service.instance_types
-        load = None
-        with instance("first", types[0] if types else None, notice.environment()) as first:
-            answered = first.first_answer(service.start_timeout_seconds)
-            load = Load(first.base_url, service.request, service.concurrency, service.request_timeout_seconds)
-            stack.callback(load.stop_quietly)
-            load.start()
-            time.sleep(service.steady_seconds)
-            notice_at = time.monotonic()
-            deadline = notice_at + float(service.notice_seconds or 30.0)
-            notice.deliver(first.handle, time.time() + float(service.notice_seconds or 30.0))
-            killed = first.handle.wait(deadline - time.monotonic()) is None
-            if killed:
-                first.handle.kill()  # the reclaim: the instance is gone
-                first.handle.wait(5)
-            exited_at = time.monotonic()
-        replacement_at = None
-        replacement: dict[str, Any] = {}
-        later_failures: list[str] = []
-        if types:
+        replacement_at: float | None = None
+        second: Instance | None = None
+        second_answer: Future | None = None
+
+        def launch_replacement() -> None:
+            """The platform's replacement, on the first type of the order with capacity."""
+            nonlocal replacement_at, second, second_answer
             itype = service.replacement_type()
             assert itype is not None  # the spec refuses an order with nothing available
             if store is not None and service.model is not None and service.model.updated_file:
@@ -121,29 +123,53 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
             fresh = channel(service.channel)  # a new instance's metadata: no notice posted on it
             stack.callback(fresh.close)
             replacement_at = time.monotonic()
-            with instance("replacement", itype, fresh.environment()) as second:
-                failure = second_answer = None
-                try:
-                    second_answer = second.first_answer(service.replacement_timeout_seconds)
-                except JobError as exc:
-                    failure = str(exc)
-                if second_answer is not None:
-                    time.sleep(AFTER_REPLACEMENT_SECONDS)
-                records = load.stop()
+            second = instance("replacement", itype, fresh.environment())
+            second_answer = pool.submit(second.first_answer, service.replacement_timeout_seconds)
+
+        first = instance("first", types[0] if types else None, notice.environment())
+        answered = first.first_answer(service.start_timeout_seconds)
+        if lb is not None:
+            lb.wait_ready("first", service.start_timeout_seconds)
+        target = lb.url if lb is not None else first.base_url
+        load = Load(target, service.request, service.concurrency, service.request_timeout_seconds)
+        stack.callback(load.stop_quietly)
+        load.start()
+        time.sleep(service.steady_seconds)
+        notice_at = time.monotonic()
+        deadline = notice_at + float(service.notice_seconds or 30.0)
+        notice.deliver(first.handle, time.time() + float(service.notice_seconds or 30.0))
+        if types and lb is not None:  # PAI-EAS: the replacement starts at the notice, beside the draining one
+            launch_replacement()
+        killed = first.handle.wait(deadline - time.monotonic()) is None
+        if killed:
+            first.handle.kill()  # the reclaim: the instance is gone
+            first.handle.wait(5)
+        exited_at = time.monotonic()
+        if types and lb is None:  # on the same address: once the reclaimed instance is gone
+            launch_replacement()
+        replacement: dict[str, Any] = {}
+        later_failures: list[str] = []
+        if second is not None and second_answer is not None and replacement_at is not None:
+            failure = got = None
+            try:
+                got = second_answer.result()
+            except JobError as exc:
+                failure = str(exc)
+            if got is not None:
+                time.sleep(AFTER_REPLACEMENT_SECONDS)
+            records = load.stop()
             later_failures = judge_replacement(
                 failure=failure,
                 where=second.where(),
                 model_updated=store is not None and store.updated,
                 answer_before=answered.body if store is not None else None,
-                answer_after=second_answer.body if second_answer is not None and store is not None else None,
+                answer_after=got.body if got is not None and store is not None else None,
             )
             replacement = {
-                "instance_type": itype.name,
+                "instance_type": second.itype.name if second.itype else None,
                 "order_followed": service.order_followed(),
-                "ttfr_seconds": round(second_answer.seconds, 3) if second_answer else None,
-                "first_answer_after_notice": round(replacement_at - notice_at + second_answer.seconds, 3)
-                if second_answer
-                else None,
+                "ttfr_seconds": round(got.seconds, 3) if got else None,
+                "first_answer_after_notice": round(replacement_at - notice_at + got.seconds, 3) if got else None,
                 "cache": "stale-check" if store is not None and store.updated else "warm" if store else None,
                 "peak_memory_bytes": second.watch.peak if second.watch else None,
             }
@@ -170,6 +196,9 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         channel_note=notice.how_it_was_read(notice_at),
         service=service.name,
         backend="docker" if service.container is not None else "subprocess",
+        balancer=service.balancer,
+        served_by=dict(Counter(r.instance for r in records if r.instance)),
+        longest_gap_seconds=longest_gap(records, notice_at),
         timeline=_timeline(records, notice_at),
         marks={
             "notice": 0.0,

@@ -65,6 +65,11 @@ def service_lines(item: dict[str, Any]) -> list[str]:
             timeline += f", its first answer at {replacement['first_answer_after_notice']} s"
         else:
             timeline += ", never answered"
+    served = item.get("served_by") or {}
+    if served:
+        timeline += "; behind the balancer, answered by " + ", ".join(f"{k} {v}" for k, v in served.items())
+    if item.get("longest_gap_seconds") is not None:
+        timeline += f"; longest stretch with no answer {item['longest_gap_seconds']} s"
     lines = [timeline]
     start = f"time to first request: {item.get('ttfr_seconds')} s"
     if item.get("cache"):

@@ -158,6 +158,7 @@ class ServiceSpec:
     unavailable: tuple[str, ...] = ()  # types with no capacity when the replacement is asked for
     replacement_timeout_seconds: float = 60.0
     model: ModelSpec | None = None
+    balancer: bool = False  # the platform's load balancer in front; the replacement starts at the notice
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -206,6 +207,12 @@ class ServiceSpec:
                 raise ConfigError(f"{self.where(key)}: must be a path starting with '/', got {value!r}")
         if self.request.method not in METHODS:
             raise ConfigError(f"{self.where('request.method')}: must be one of {', '.join(METHODS)}")
+        if not isinstance(self.balancer, bool):
+            raise ConfigError(f"{self.where('balancer')}: must be true or false, got {self.balancer!r}")
+        if self.balancer and self.port is not None:
+            raise ConfigError(
+                f"{self.where('port')}: behind a balancer each instance gets its own port: use {{port}}, not port"
+            )
         names = [t.name for t in self.instance_types]
         if len(set(names)) != len(names):
             raise ConfigError(f"{self.where('instance_types')}: each type is named once, got {names}")
@@ -276,6 +283,7 @@ _KEYS = {
     "unavailable",
     "replacement_timeout_seconds",
     "model",
+    "balancer",
 }
 _REQUEST_KEYS = {"method", "path", "body", "stream", "stream_end", "factory"}
 _TYPE_KEYS = {"name", "memory", "cpus", "spot"}

@@ -8,6 +8,7 @@ is reported, so a drain that "passes" by answering slowly is seen too.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,9 +57,13 @@ def judge_drain(
     failures: list[str] = []
     before = [r for r in records if r.ended <= notice_at]
     in_flight = [r for r in records if r.started < notice_at < r.ended]
-    cutoff = replacement_at if replacement_at is not None else float("inf")
-    after = [r for r in records if notice_at <= r.started < cutoff]
-    served_by_replacement = [r for r in records if r.started >= cutoff]
+    if any(r.instance for r in records):  # a balancer said which instance answered each request
+        served_by_replacement = [r for r in records if r.instance == "replacement"]
+        after = [r for r in records if r.started >= notice_at and r.instance != "replacement"]
+    else:  # one address: from its launch on, the replacement's
+        cutoff = replacement_at if replacement_at is not None else float("inf")
+        after = [r for r in records if notice_at <= r.started < cutoff]
+        served_by_replacement = [r for r in records if r.started >= cutoff]
     steady_failed = [r for r in before if r.outcome in FAILED or r.outcome in ("refused", "unavailable")]
     if not any(r.outcome == "ok" for r in before):
         failures.append("no request succeeded before the notice: the service never served its steady state")
@@ -158,3 +163,13 @@ def judge_replacement(
             "deterministic, and a stale cache cannot be told from a fresh one)"
         ]
     return []
+
+
+def longest_gap(records: list[RequestRecord], notice_at: float) -> float | None:
+    """The longest stretch from the notice on with no request answered: the capacity the reclaim
+    cost users (a replacement started at the notice behind a balancer shortens it)."""
+    ends = sorted(r.ended for r in records if r.outcome == "ok" and r.ended >= notice_at)
+    if not ends:
+        return None
+    points = [notice_at, *ends]
+    return round(max(b - a for a, b in itertools.pairwise(points)), 3)
