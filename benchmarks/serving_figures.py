@@ -31,6 +31,7 @@ CASES = [
     ("model-stream", "sigterm"),
     ("model-fallback", "sigterm"),
     ("model-republished", "sigterm"),
+    ("model-pai-eas", "alibaba"),
 ]
 
 
@@ -57,6 +58,9 @@ def main() -> None:
                 print(f"| {name} | {channel} | FAILED: {str(failure).splitlines()[1]} |")
                 continue
             r = f.get("replacement") or {}
+            if f.get("served_by"):
+                gap = f["longest_gap_seconds"]
+                print(f"  behind the balancer: {f['served_by']}, longest stretch with no answer {gap} s")
             if f.get("warm_cold_ttfr_ratio") is not None:
                 ratios.append(f["warm_cold_ttfr_ratio"])
             print(

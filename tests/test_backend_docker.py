@@ -355,7 +355,7 @@ def test_a_service_in_a_container_drains_and_its_replacement_gets_the_types_memo
     assert _ours_left(docker_session) == []
 
 
-@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws", "model-republished"])
+@pytest.mark.parametrize("name", ["model", "model-stream", "model-aws", "model-republished", "model-pai-eas"])
 def test_the_built_in_services_pass_in_containers(docker_session, runner, name):
     """Every built-in service scenario on Docker too (model-fallback: the test above), as
     ``--spotchaos-image`` runs them."""
