@@ -41,10 +41,8 @@ def service(name: str = "model", script: str = "serve_model", *args: str, **chan
 
 @pytest.mark.parametrize(
     ("name", "channel"),
-    [
-        ("model", "sigterm"),
+    [  # model (SIGTERM) and model-aws run as built-in scenarios and in containers (test_backend_docker)
         ("model-stream", "sigterm"),
-        ("model-aws", "aws"),
         ("model", "gcp"),
         ("model", "azure"),
         ("model", "alibaba"),
