@@ -22,6 +22,7 @@ What each provider serves, as its documentation describes it:
 
 from __future__ import annotations
 
+import abc
 import json
 import secrets
 import signal
@@ -75,7 +76,7 @@ def _iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class MetadataNotice:
+class MetadataNotice(abc.ABC):
     """A provider's instance metadata, served on 127.0.0.1 until :meth:`close`. Subclasses answer
     their provider's paths (:meth:`answer`); the notice is posted by :meth:`deliver`."""
 
@@ -138,8 +139,9 @@ class MetadataNotice:
     def environment(self) -> dict[str, str]:
         return {ENV_METADATA_URL: self.url, ENV_METADATA_PROVIDER: self.name}
 
+    @abc.abstractmethod
     def answer(self, method: str, path: str, query: dict[str, list[str]], headers: Any) -> tuple[int, str, dict]:
-        raise NotImplementedError
+        """The provider's answer to one request: status, body, headers."""
 
     def issue_token(self, asked: Any) -> tuple[int, str, dict]:
         """A session token (IMDSv2, Alibaba's hardened mode) for a well-formed ``PUT``; 400 otherwise."""

@@ -8,6 +8,7 @@ loss), so the engine keeps watching for hangs instead of waiting for an exit.
 
 from __future__ import annotations
 
+import abc
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -19,7 +20,7 @@ NAMES = re.compile(r"(kill-rank|hang-rank|lose-node|crash-rank)(\d{1,3})")
 
 
 @dataclass(frozen=True)
-class TargetedFault:
+class TargetedFault(abc.ABC):
     """One rank's or one node's fault; ``target`` is the rank (or node) number in its name."""
 
     target: int
@@ -36,8 +37,9 @@ class TargetedFault:
             raise JobError(f'{self.name} needs a torchrun job (launcher = "torchrun"): this job is one process')
         self.deliver(handle)
 
+    @abc.abstractmethod
     def deliver(self, handle) -> None:  # a TorchrunHandle
-        raise NotImplementedError
+        """Do it to the target; each fault's own."""
 
 
 class KillRank(TargetedFault):
@@ -83,6 +85,9 @@ class CrashRank(TargetedFault):
     armed_by_environment: ClassVar[bool] = True
 
     def apply(self, handle: Handle) -> None:
+        pass  # armed by the environment: nothing to deliver
+
+    def deliver(self, handle) -> None:
         pass
 
 
