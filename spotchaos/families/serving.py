@@ -75,9 +75,11 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
     with contextlib.ExitStack() as stack:
         notice = channel(service.channel)
         stack.callback(notice.close)
-        scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
-        stack.callback(shutil.rmtree, scratch, ignore_errors=True)
-        env = {**dict(service.env), "TMPDIR": str(scratch)}
+        env = dict(service.env)
+        if service.container is None:  # a container's own /tmp goes with it
+            scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
+            stack.callback(shutil.rmtree, scratch, ignore_errors=True)
+            env["TMPDIR"] = str(scratch)
         store = None
         if service.model is not None:
             store = stack.enter_context(ModelStore(core.s3, service.model, core.root, workdir / "model-cache"))
