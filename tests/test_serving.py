@@ -121,7 +121,8 @@ def test_behind_the_balancer_the_replacement_starts_at_the_notice_and_takes_traf
     assert figures["served_by"]["first"] > 0 and figures["served_by"]["replacement"] > 0, figures
     assert figures["replacement_requests"] == {"ok": figures["served_by"]["replacement"]}, figures
     assert "refused" not in figures["after_notice"], figures  # the balancer answers 503, never refuses
-    assert figures["longest_gap_seconds"] < figures["marks"]["replacement_answered"] + 0.5, figures
+    # no answer from the notice until the replacement's, plus a client's Retry-After pause (1 s) at most
+    assert figures["longest_gap_seconds"] < figures["marks"]["replacement_answered"] + 1.5, figures
     with pytest.raises(DrainFailure) as failure:  # deaf to Alibaba's metadata: the balancer keeps sending to it
         runner.check_drain(service("model-pai-eas", "broken_serve_ignores_metadata", notice_seconds=3.0))
     text = str(failure.value)
