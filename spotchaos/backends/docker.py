@@ -89,7 +89,8 @@ class DockerSession:
     def ours(self, *, session: str | None = None) -> list[Any]:
         """Containers of spotchaos (of one session, if given), running or not."""
         label = LABEL_SESSION if session is None else f"{LABEL_SESSION}={session}"
-        return self.client.containers.list(all=True, filters={"label": label})
+        # ignore_removed: another session may remove one of its containers between the list and the inspect
+        return self.client.containers.list(all=True, filters={"label": label}, ignore_removed=True)
 
     def reap_orphans(self) -> int:
         """Remove containers left by spotchaos sessions of this host whose pytest is gone."""
