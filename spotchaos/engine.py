@@ -34,7 +34,7 @@ from .plan import Plan, Preemption
 from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_FINAL_TENSORS, ENV_RUN_ID
 from .processes import end_marked
 from .restarts import diagnose
-from .safefs import UnsafeFile, read_text_bounded
+from .safefs import UnsafeFile, last_lines, log_tail, read_text_bounded
 from .state_diff import keep, kept_dir
 from .trajectory import Attempt, FaultRecord, RunRecord
 
@@ -77,16 +77,7 @@ class EngineOptions:
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    """The end of a log the job wrote, read without following a link or blocking on a FIFO."""
-    try:
-        return read_text_bounded(path, limit, tail=True)
-    except UnsafeFile as exc:
-        return f"({exc})"
-
-
-def _last_lines(text: str, count: int = 8) -> str:
-    lines = [line for line in text.splitlines() if line.strip()][-count:]
-    return "\n".join("    " + line for line in lines) or "    (empty)"
+    return log_tail(path, limit)
 
 
 class _AttemptWatch:
@@ -452,7 +443,7 @@ def _run_attempt(
         try:
             watch.run()
         except JobError as exc:
-            raise JobError(f"{exc}\n  stderr (last lines):\n{_last_lines(_tail(spec.stderr_path))}") from None
+            raise JobError(f"{exc}\n  stderr (last lines):\n{last_lines(_tail(spec.stderr_path))}") from None
         orphans = handle.survivors()
     finally:
         try:
@@ -473,7 +464,7 @@ def _run_attempt(
             stream = spec.stdout_path if job.log.stream == "stdout" else spec.stderr_path
             raise JobError(
                 f"job {job.name!r} exited 0 but no line of its {job.log.stream} matched {job.log.where}.pattern "
-                f"{job.log.pattern!r}; its last lines:\n{_last_lines(_tail(stream))}"
+                f"{job.log.pattern!r}; its last lines:\n{last_lines(_tail(stream))}"
             )
         reader.finish(watch.exit_code)
     learned = None
@@ -597,7 +588,7 @@ def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
     at = f"after step {last}" if last is not None else "before its first step"
     if attempt.exit_code != 0:
         died = torchrun.rank_errors(attempt.stderr_tail) if job.launcher == "torchrun" else ""
-        cause = f"the ranks died with: {died}" if died else f"stderr (last lines):\n{_last_lines(attempt.stderr_tail)}"
+        cause = f"the ranks died with: {died}" if died else f"stderr (last lines):\n{last_lines(attempt.stderr_tail)}"
         raise JobError(
             f"job {job.name!r} exited with status {attempt.exit_code} in attempt {attempt.index} {at}, "
             f"without any preemption due.\n  {cause}"

@@ -119,6 +119,21 @@ def read_text_bounded(path: Path, limit: int, *, tail: bool = False) -> str:
     return read_bounded(path, limit, tail=tail).decode("utf-8", "replace")
 
 
+def log_tail(path: Path, limit: int) -> str:
+    """The end of a log the job wrote, read without following a link or blocking on a FIFO; a
+    refused file says why instead."""
+    try:
+        return read_text_bounded(path, limit, tail=True)
+    except UnsafeFile as exc:
+        return f"({exc})"
+
+
+def last_lines(text: str, count: int = 8) -> str:
+    """The last non-blank lines of ``text``, indented for an error message."""
+    lines = [line for line in text.splitlines() if line.strip()][-count:]
+    return "\n".join("    " + line for line in lines) or "    (empty)"
+
+
 def links_between(root: Path, path: Path) -> Iterator[tuple[Path, str]]:
     """``root`` or the first folder from it down to ``path``'s parent that is not a real folder:
     a link in the middle of a path is followed by every ordinary file call."""

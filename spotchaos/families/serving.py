@@ -178,6 +178,7 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         else:
             time.sleep(AFTER_EXIT_SECONDS)
             records = load.stop()
+    channel_note = notice.how_it_was_read(notice_at)  # how the service took a metadata notice, if at all
     verdict = judge_drain(
         records,
         notice_at=notice_at,
@@ -185,7 +186,7 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         killed=killed,
         notice_seconds=float(service.notice_seconds or 30.0),
         margin=service.drain_margin_seconds,
-        channel_note=notice.how_it_was_read(notice_at),
+        channel_note=channel_note,
         replacement_at=replacement_at,
     )
     verdict.failures.extend(later_failures)
@@ -195,7 +196,7 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         ttfr_seconds=round(answered.seconds, 3),
         cache="cold" if store is not None else None,
         channel=service.channel,
-        channel_note=notice.how_it_was_read(notice_at),
+        channel_note=channel_note,
         service=service.name,
         backend="docker" if service.container is not None else "subprocess",
         balancer=service.balancer,

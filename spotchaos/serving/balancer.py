@@ -39,7 +39,6 @@ class Balancer:
         self.request_timeout = request_timeout
         self.instances: dict[str, str] = {}  # label -> base url
         self.ready: dict[str, bool] = {}
-        self.served: dict[str, int] = {}
         self._turn = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.AbstractServer | None = None
@@ -161,7 +160,6 @@ class Balancer:
         await writer.drain()
 
     async def _relay(self, label: str, response: Any, writer: asyncio.StreamWriter) -> None:
-        self.served[label] = self.served.get(label, 0) + 1
         status = f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n"
         kept = [(k, v) for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP]
         head = status + "".join(f"{k}: {v}\r\n" for k, v in kept)

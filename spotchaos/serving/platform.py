@@ -25,7 +25,7 @@ from ..extras import require
 from ..leftovers import LiveJobs
 from ..probe import ENV_RUN_ID
 from ..processes import end_marked, group_members
-from ..safefs import UnsafeFile, read_text_bounded
+from ..safefs import last_lines, log_tail
 from .spec import InstanceType, ServiceSpec
 
 ENV_INSTANCE_TYPE = "SPOTCHAOS_INSTANCE_TYPE"
@@ -85,11 +85,7 @@ class FirstAnswer:
 
 
 def _tail(path: Path) -> str:
-    try:
-        lines = read_text_bounded(path, 3000, tail=True).splitlines()[-6:]
-    except (UnsafeFile, FileNotFoundError):
-        return "    (none)"
-    return "\n".join("    " + line for line in lines) or "    (empty)"
+    return last_lines(log_tail(path, 3000), 6)
 
 
 def _gib(count: int) -> str:

@@ -232,8 +232,7 @@ class ServiceSpec:
 
     def in_image(self, image: str) -> ServiceSpec:
         """This service in a container of ``image`` (``--spotchaos-image``), keeping its own options."""
-        where = f"{self.source} [tool.spotchaos.services.{self.name}].container"
-        base = self.container or ContainerSpec(image=image, where=where)
+        base = self.container or ContainerSpec(image=image, where=self.where("container"))
         return replace(self, container=replace(base, image=image))
 
     def replacement_type(self) -> InstanceType | None:

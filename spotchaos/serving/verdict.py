@@ -129,7 +129,6 @@ def judge_drain(
         "steady_p99": _percentile(steady, 0.99),
         "drain_p50": _percentile(during, 0.5),
         "drain_p99": _percentile(during, 0.99),
-        "channel": channel_note,
     }
     return DrainVerdict(passed=not failures, failures=failures, figures=figures)
 
