@@ -97,9 +97,10 @@ class ConfinedLoader:
     def __call__(self, path: Path, step_key: str | None, final_key: str | None) -> dict[str, Any]:
         return _validated(*self._run(LOADER, (str(path), step_key or "", final_key or "")), path)
 
-    def diff(self, reference: Path, chaos: Path, limit: int) -> dict[str, Any]:
-        """``confined/state_diff.py`` on two checkpoint files: which entries differ."""
-        text, code = self._run(DIFFER, (str(reference), str(chaos), str(limit)))
+    def diff(self, reference: Path, chaos: Path, limit: int, runs: tuple[str, str] = ("", "")) -> dict[str, Any]:
+        """``confined/state_diff.py`` on two checkpoint files: which entries differ (``runs``: the two
+        runs' own directories, compared as ``{run}``)."""
+        text, code = self._run(DIFFER, (str(reference), str(chaos), str(limit), *runs))
         answer = _last_json_line(text)
         if not isinstance(answer, dict):
             return {"error": f"no answer (exit status {code})"}

@@ -228,6 +228,8 @@ class JobSpec:
             "cwd": self.cwd,
             "log": self.log.describe() if self.log else None,
             "storage": self.storage,
+            # a reference run without the state diff keeps no checkpoint: a job that has it on needs its own
+            "state_diff": self.state_diff,
         }
         if self.launcher != "python":  # another world size is another trajectory: its own reference
             shaping["launcher"] = [self.launcher, self.nproc_per_node, self.nnodes]

@@ -286,6 +286,7 @@ class SessionCore:
             confined=confined,
             ignore=job.state_diff_ignore,
             exact_floats=job.exactness == "bit",
+            runs=(str(reference.workdir), str(run.workdir)),
         )
 
     def secrets_of(self, job: JobSpec) -> list[str]:

@@ -8,15 +8,16 @@ differs``. When the run diverged, that names the cause; when it did not, a diffe
 *latent* failure: a scheduler counter restored wrong where it happens not to matter yet, an RNG
 nothing has drawn from yet.
 
-Files are loaded with ``torch.load(weights_only=True)`` through link-refusing fds; one that
-needs a full unpickle is compared inside the job's confinement (``confined/state_diff.py``).
+Each file is read in its own format through link-refusing fds (``state_formats``: safetensors,
+numpy, JSON, torch with ``weights_only=True``); identical bytes are equal state, a file no format
+reads is compared as bytes, and a torch file that needs a full unpickle is compared inside the
+job's confinement (``confined/state_diff.py``). Paths of each run's own directory compare as
+``{run}``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -24,11 +25,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from .checkpoint_reader import WEIGHTS_ONLY_REFUSAL, ConfinedLoader
+from .checkpoint_reader import ConfinedLoader
 from .confined.state_diff import diff
-from .errors import JobError
-from .extras import require
 from .safefs import UnsafeFile, open_beneath, regular_files
+from .state_formats import AsBytes, NeedsConfinement, load_state, same_bytes
 
 KEPT_SUFFIX = ".kept"
 KEEP_BYTES = 256 << 20  # a checkpoint larger than this is not kept: said, not compared
@@ -113,8 +113,10 @@ def compare(
     confined: ConfinedLoader | None,
     ignore: tuple[str, ...] = (),
     exact_floats: bool = True,
+    runs: tuple[str, str] = ("", ""),
 ) -> StateDifference | None:
-    """The first kept checkpoint of a resumed attempt that differs from the reference's of its step."""
+    """The first kept checkpoint of a resumed attempt that differs from the reference's of its step.
+    ``runs`` are the two runs' directories: a path under one names ``{run}``, as under the other."""
     kept = sorted(
         (int(a), int(label[1:]), label, p)
         for p in (chaos_kept.iterdir() if chaos_kept.is_dir() else [])
@@ -126,14 +128,19 @@ def compare(
         reference = reference_kept / f"a0-{label}"
         if not reference.is_dir():
             continue
-        found, more = _compare_folders(reference, path, confined, ignore, exact_floats)
+        found, more = _compare_folders(reference, path, confined, ignore, exact_floats, runs)
         if found:
             return StateDifference(attempt, label, found[:SHOWN], more + max(0, len(found) - SHOWN))
     return None
 
 
 def _compare_folders(
-    reference: Path, chaos: Path, confined: ConfinedLoader | None, ignore: tuple[str, ...], exact_floats: bool
+    reference: Path,
+    chaos: Path,
+    confined: ConfinedLoader | None,
+    ignore: tuple[str, ...],
+    exact_floats: bool,
+    runs: tuple[str, str],
 ) -> tuple[list[str], int]:
     """Every file of two kept checkpoints, compared; differences ranked causes first (counters and
     RNG states before the tensors a divergence drags along), across files."""
@@ -147,7 +154,7 @@ def _compare_folders(
         if not a.exists() or not b.exists():
             found.append((0, f"{name}: {_presence(a)} vs {_presence(b)}"))
             continue
-        result = _diff_files(a, b, confined, exact_floats)
+        result = _diff_files(a, b, confined, exact_floats, runs)
         more += result.get("more", 0)
         for d in result["differences"]:
             entry = d["entry"] if single else f"{name}:{d['entry']}"
@@ -163,38 +170,26 @@ def _presence(path: Path) -> str:
     return "present" if path.exists() else "absent"
 
 
-def _diff_files(a: Path, b: Path, confined: ConfinedLoader | None, exact_floats: bool) -> dict[str, Any]:
-    if a.suffix == ".json":
-        with contextlib.suppress(ValueError, OSError):
-            return diff(json.loads(a.read_text()), json.loads(b.read_text()), SHOWN * 4, exact_floats=exact_floats)
+def _diff_files(
+    a: Path, b: Path, confined: ConfinedLoader | None, exact_floats: bool, runs: tuple[str, str]
+) -> dict[str, Any]:
+    """Two kept files compared in the terms of their format (see ``state_formats``): identical
+    bytes are equal state; a file no format reads, or one that does not parse, differs as bytes;
+    a torch file only a full unpickle reads is compared in the job's confinement."""
+    if same_bytes(a, b):
+        return {"differences": [], "more": 0}
     try:
-        return diff(_mapped(a), _mapped(b), SHOWN * 4, exact_floats=exact_floats)
-    except Exception as exc:  # pickle.UnpicklingError and its kin
-        if WEIGHTS_ONLY_REFUSAL not in str(exc) or confined is None:
-            return {"differences": [{"entry": "(file)", "reference": "unreadable", "chaos": str(exc)[:80]}]}
-    answer = confined.diff(a, b, SHOWN * 4)
-    if "error" in answer:
-        raise JobError(f"comparing {a.name} in the job's confinement: {answer['error']}")
-    return answer
-
-
-def _mapped(path: Path) -> Any:
-    """A weights-only load of ``path``, memory-mapped where the format allows, so a big checkpoint's
-    tensors are paged in as each is digested rather than all read up front. The file is opened
-    without following a link; the map goes through that fd (``/proc/self/fd``), not the name, and
-    outlives it."""
-    torch = require("torch", "torch", "comparing checkpoints")
-    fd = open_beneath(path.parent, path.name)
-    try:
-        try:
-            return torch.load(f"/proc/self/fd/{fd}", map_location="cpu", weights_only=True, mmap=True)
-        except (RuntimeError, OSError, ValueError) as exc:
-            if "mmap" not in str(exc) and "zip" not in str(exc).lower() and "/proc" not in str(exc):
-                raise
-        with os.fdopen(os.dup(fd), "rb") as f:  # the legacy (non-zip) format: read whole
-            return torch.load(f, map_location="cpu", weights_only=True)
-    finally:
-        os.close(fd)
+        (kind, x), (_, y) = load_state(a), load_state(b)
+    except AsBytes as exc:
+        return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs", "why": str(exc)}]}
+    except NeedsConfinement:
+        if confined is None:
+            return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs"}]}
+        answer = confined.diff(a, b, SHOWN * 4, runs)
+        if "error" in answer:  # the job's own loader could not read it either: what differs is its bytes
+            return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs"}]}
+        return answer
+    return diff(x, y, SHOWN * 4, exact_floats=exact_floats, runs=runs)
 
 
 def too_big(kept: Path) -> list[str]:

@@ -5,11 +5,12 @@ files that need a full unpickle, run as a script inside the job's own confinemen
 the job's backend starts), like ``load_checkpoint.py``. Standard library and torch only;
 ``probe.py`` (tensor digests) is loaded by its path.
 
-Usage: python state_diff.py REFERENCE_FILE CHAOS_FILE LIMIT   (one JSON line on stdout)
+Usage: python state_diff.py REFERENCE_FILE CHAOS_FILE LIMIT [REFERENCE_RUN CHAOS_RUN]   (one JSON line on stdout)
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import re
 import sys
@@ -47,24 +48,50 @@ def _digest():
 
 
 SCALARS = (int, float, bool, str, type(None))
+RUN_PLACEHOLDER = "{run}"
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+def is_array(value: Any) -> bool:
+    """A numpy array or numpy scalar (numpy's RNG state, a ``.npy`` file): compared by its bytes,
+    never with ``!=`` (whose answer for an array is another array)."""
+    return not hasattr(value, "detach") and all(hasattr(value, a) for a in ("dtype", "shape", "tobytes"))
+
+
+def array_digest(value: Any) -> str:
+    """sha256 over dtype, shape and bytes, as ``probe.tensor_digest`` does for tensors."""
+    header = f"{value.dtype}|{tuple(value.shape)}|".encode()
+    return hashlib.sha256(header + value.tobytes()).hexdigest()
+
+
+def placed(value: Any, run: str) -> Any:
+    """``value`` with the run's own directory replaced by ``{run}``: a path the job recorded (a
+    ``best_model_path``, a ``dirpath``) names its own run, which is another folder in each run."""
+    if not run:
+        return value
+    if isinstance(value, str):
+        return value.replace(run, RUN_PLACEHOLDER)
+    if isinstance(value, list):
+        return [v.replace(run, RUN_PLACEHOLDER) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def flatten(value: Any, prefix: str = "", run: str = "") -> dict[str, Any]:
     """Leaves of nested dicts, lists and tuples by dotted path (``optimizer.state.3.exp_avg``). A
-    list of plain values (an RNG's state words) is one leaf: 625 entries would say nothing more."""
+    list of plain values (an RNG's state words) is one leaf: 625 entries would say nothing more.
+    Keys and values naming the run's own directory ``run`` name ``{run}`` instead."""
     if isinstance(value, dict):
-        items = [(str(k), v) for k, v in value.items()]
+        items = [(placed(str(k), run), v) for k, v in value.items()]
     elif isinstance(value, list | tuple) and value and all(isinstance(v, SCALARS) for v in value):
         return {prefix or "(value)": list(value)}
     elif isinstance(value, list | tuple):
         items = [(str(i), v) for i, v in enumerate(value)]
     else:
-        return {prefix or "(value)": value}
+        return {prefix or "(value)": placed(value, run)}
     leaves: dict[str, Any] = {}
     if not items:
         leaves[prefix or "(value)"] = type(value).__name__ + "()"
     for key, item in items:
-        leaves.update(flatten(item, f"{prefix}.{key}" if prefix else key))
+        leaves.update(flatten(item, f"{prefix}.{key}" if prefix else key, run))
     return leaves
 
 
@@ -75,12 +102,15 @@ def _show(value: Any) -> str:
     return f"{len(value)} values" if isinstance(value, list) else text[: SHOWN_CHARS - 3] + "..."
 
 
-def diff(reference: Any, chaos: Any, limit: int, *, exact_floats: bool = True) -> dict[str, Any]:
+def diff(
+    reference: Any, chaos: Any, limit: int, *, exact_floats: bool = True, runs: tuple[str, str] = ("", "")
+) -> dict[str, Any]:
     """``{"differences": [{"entry", "reference", "chaos"}...], "more": N}``: the first ``limit``
-    entries that differ (tensors bit for bit, by digest; with ``exact_floats`` off, floating
-    tensors and floats are left to the envelope and not compared)."""
+    entries that differ (tensors and numpy arrays bit for bit, by digest; with ``exact_floats``
+    off, floating tensors and floats are left to the envelope and not compared). ``runs`` are
+    the two runs' own directories, which may appear in either as ``{run}``."""
     digest = None
-    a, b = flatten(reference), flatten(chaos)
+    a, b = flatten(reference, run=runs[0]), flatten(chaos, run=runs[1])
     found = []
     for entry in sorted(set(a) | set(b)):
         if entry not in a or entry not in b:
@@ -110,6 +140,11 @@ def diff(reference: Any, chaos: Any, limit: int, *, exact_floats: bool = True) -
                 shown = (_show(x.item()), _show(y.item())) if scalar else ("differs", "differs")
                 found.append({"entry": entry, "reference": shown[0], "chaos": shown[1]})
             continue
+        if is_array(x) or is_array(y):
+            difference = _array_difference(x, y, exact_floats)
+            if difference is not None:
+                found.append({"entry": entry, "reference": difference[0], "chaos": difference[1]})
+            continue
         if isinstance(x, SCALARS) and VOLATILE & set(re.split(r"[^a-z0-9]+", entry.rsplit(".", 1)[-1].lower())):
             continue
         if _hex_digest(x) and _hex_digest(y):
@@ -127,6 +162,21 @@ def diff(reference: Any, chaos: Any, limit: int, *, exact_floats: bool = True) -
     return {"differences": found[:limit], "more": max(0, len(found) - limit)}
 
 
+def _array_difference(x: Any, y: Any, exact_floats: bool) -> tuple[str, str] | None:
+    """How two numpy values differ, shown as the tensors' differences are; None when equal."""
+    if not (is_array(x) and is_array(y)):
+        return type(x).__name__, type(y).__name__
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return f"{x.dtype} {tuple(x.shape)}", f"{y.dtype} {tuple(y.shape)}"
+    if not exact_floats and x.dtype.kind in "fc" and len(x.shape) > 0:
+        return None
+    if array_digest(x) == array_digest(y):
+        return None
+    if len(x.shape) == 0:
+        return _show(x.item()), _show(y.item())
+    return "differs", "differs"
+
+
 def _hex_digest(value: Any) -> bool:
     """A checksum of other bytes (a manifest's crc32c or sha256): it differs whenever they do."""
     return isinstance(value, str) and len(value) >= 8 and all(c in "0123456789abcdef" for c in value.lower())
@@ -138,6 +188,8 @@ def _rank(value: Any) -> int:
     and last the floating tensors every divergence drags along."""
     if hasattr(value, "detach"):
         return 3 if value.is_floating_point() and value.dim() > 0 else 1
+    if is_array(value):
+        return 3 if value.dtype.kind in "fc" and len(value.shape) > 0 else 1
     if isinstance(value, str):
         return 2
     return 0
@@ -145,11 +197,12 @@ def _rank(value: Any) -> int:
 
 def main(argv: list[str]) -> int:
     reference, chaos, limit = argv[1], argv[2], int(argv[3])
+    runs = (argv[4], argv[5]) if len(argv) > 5 else ("", "")
     try:  # a script run by path beside it, or a module of the package
         from load_checkpoint import answer, full_load
     except ImportError:
         from .load_checkpoint import answer, full_load
-    return answer(lambda: diff(full_load(reference), full_load(chaos), limit))
+    return answer(lambda: diff(full_load(reference), full_load(chaos), limit, runs=runs))
 
 
 if __name__ == "__main__":
