@@ -179,7 +179,7 @@ def _diff_files(
     if same_bytes(a, b):
         return {"differences": [], "more": 0}
     try:
-        (kind, x), (_, y) = load_state(a), load_state(b)
+        (_, x), (_, y) = load_state(a), load_state(b)
     except AsBytes as exc:
         return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs", "why": str(exc)}]}
     except NeedsConfinement:

@@ -99,7 +99,11 @@ def test_safetensors_are_read_tensor_by_tensor_with_their_metadata(tmp_path):
 def test_npy_arrays_and_unparseable_files_are_compared_without_error(tmp_path):
     ref, chaos = tmp_path / "ref.kept", tmp_path / "chaos.kept"
     kept(ref, "a0-s3", {"state.npy": np.arange(4), "opaque.dat": b"\x00" * 64, "model.safetensors": b"\x01" * 8})
-    kept(chaos, "a1-s3", {"state.npy": np.arange(4) * 2, "opaque.dat": b"\x00" * 63 + b"\x01", "model.safetensors": b"\x02" * 8})
+    kept(
+        chaos,
+        "a1-s3",
+        {"state.npy": np.arange(4) * 2, "opaque.dat": b"\x00" * 63 + b"\x01", "model.safetensors": b"\x02" * 8},
+    )
     found = compare(ref, chaos, confined=None)
     assert found is not None
     assert set(found.differences) == {
