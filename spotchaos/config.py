@@ -31,6 +31,7 @@ JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")
 LAUNCHERS = ("python", "torchrun")
+FRAMEWORKS = ("transformers", "lightning", "accelerate")
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,10 @@ class JobSpec:
     # how long every rank may go without an event before a hung rank is named (after a hang-rank
     # fault, say); None: event_timeout_seconds
     hang_timeout_seconds: float | None = None
+    # the framework the job trains with (transformers, lightning, accelerate): what its checkpoints
+    # hold that legitimately differs between runs, what its resumes are known to get wrong
+    # (spotchaos/frameworks.py). None: learned from the integration's start event, if any.
+    framework: str | None = None
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -139,6 +144,10 @@ class JobSpec:
             )
         _check_number(self.envelope_factor, self.where("envelope_factor"), "a factor such as 4", 0.999, 1e6)
         self._check_launcher()
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise ConfigError(
+                f"{self.where('framework')}: must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}"
+            )
         steps = self.cost.production_steps
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
             raise ConfigError(f"{self.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
@@ -303,6 +312,7 @@ _JOB_KEYS = {
     "nnodes",
     "max_restarts",
     "rdzv_port",
+    "framework",
     *_NUMBER_KEYS,
     *_RENAMED,
 }
@@ -420,6 +430,7 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         "nnodes",
         "max_restarts",
         "rdzv_port",
+        "framework",
     ):
         if key in table:
             kwargs[key] = table[key]

@@ -147,6 +147,8 @@ class _AttemptWatch:
         p = self.preemption
         if p is None or self.fault is not None or self.last_step is None or self.last_step < p.at_step:
             return
+        if p.fault == "rerun":
+            return  # the job runs to its end; run_job starts it again
         if self.preempt_when is not None and not self.preempt_when():
             return
         fault = PREEMPTIONS[p.fault]
@@ -271,6 +273,9 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         attempts.append(attempt)
         convention = convention or learned
         log.info("job %s, plan %s, attempt %d: %s", job.name, plan, index, _attempt_line(attempt))
+        if preemption is not None and preemption.fault == "rerun" and attempt.final is not None:
+            attempt.fault = _rerun_record(attempt)  # finished: started again on the same checkpoints
+            continue
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
         if preemption is not None and preemption.damage:
@@ -288,6 +293,20 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         unfired=unfired,
         not_reached=not_reached,
         convention=convention.report(job.log) if convention is not None and job.log is not None else None,
+    )
+
+
+def _rerun_record(attempt: Attempt) -> FaultRecord:
+    """A ``rerun``: the attempt finished on its own; the next starts on what it left."""
+    last = attempt.steps[-1].step if attempt.steps else attempt.final["step"]
+    return FaultRecord(
+        fault="rerun",
+        planned_step=last,
+        observed_step=last,
+        delivered_at=attempt.wall_seconds,
+        delivered_wall=time.time(),
+        grace_seconds=None,
+        detail="started again after it finished",
     )
 
 

@@ -37,6 +37,9 @@ class Divergence:
     resumed_from: int | None  # the checkpoint step this attempt resumed after, if any
     also_differs: list[str] = field(default_factory=list)
     agreeing: list[str] = field(default_factory=list)  # fingerprints both runs reported, still equal
+    # what the job's framework integration knew of the checkpoint resumed from, or of the resume
+    # itself (a JIT checkpoint written mid-step, a checkpoint without RNG state): the likeliest cause
+    caveats: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         where = f"step {self.step} (attempt {self.attempt}"
@@ -53,6 +56,8 @@ class Divergence:
         others = [f for f in self.also_differs if f != self.field]
         if others:
             text += f"; also differs at that step: {', '.join(others)}"
+        if self.caveats:
+            text += "; cause: " + " ".join(self.caveats)
         if not hints:
             hints = self._timing_hints()
         if hints:
@@ -191,8 +196,24 @@ def find_divergence(
                 resumed_from=resumed.get(got.attempt),
                 also_differs=differing[1:],
                 agreeing=sorted((set(ref.fingerprints) & set(got.fingerprints)) - set(differing)),
+                caveats=_caveats(chaos.attempts, got.attempt),
             )
     return None
+
+
+def _caveats(attempts: list[Attempt], index: int) -> list[str]:
+    """What a framework integration said of attempt ``index``'s resume and of the checkpoint it
+    resumed from (a ``caveat`` field of the resume and checkpoint events), once each."""
+    attempt = next((a for a in attempts if a.index == index), None)
+    resumes = attempt.of_rank("resume") if attempt is not None else []
+    if not resumes:
+        return []
+    uri = resumes[0].get("uri")
+    said = [resumes[0].get("caveat")]
+    said += [
+        e.get("caveat") for a in attempts if a.index < index for e in a.of_rank("checkpoint") if e.get("uri") == uri
+    ]
+    return list(dict.fromkeys(c for c in said if isinstance(c, str) and c))
 
 
 def _grace_results(chaos: RunRecord) -> list[GraceResult]:
@@ -436,7 +457,13 @@ def judge(
             )
         failures.append(text)
     if unexpected:
-        failures.append(f"steps the reference never ran: {_ranges(unexpected)}")
+        text = f"steps the reference never ran: {_ranges(unexpected)}"
+        if any(f.fault == "rerun" for f in chaos.faults):
+            text += (
+                "; hint: started again after it had finished (its final checkpoint written), the job trained on: "
+                "a restart after the last step must find nothing left to train"
+            )
+        failures.append(text)
 
     differing: list[str] = []
     ref_final, got_final = reference.final, chaos.final

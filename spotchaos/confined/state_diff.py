@@ -75,12 +75,20 @@ def placed(value: Any, run: str) -> Any:
     return value
 
 
-def flatten(value: Any, prefix: str = "", run: str = "") -> dict[str, Any]:
-    """Leaves of nested dicts, lists and tuples by dotted path (``optimizer.state.3.exp_avg``). A
-    list of plain values (an RNG's state words) is one leaf: 625 entries would say nothing more.
-    Keys and values naming the run's own directory ``run`` name ``{run}`` instead."""
+MAX_DEPTH = 32  # an object graph deeper than this is one leaf (a cycle, say)
+
+
+def flatten(value: Any, prefix: str = "", run: str = "", depth: int = 0) -> dict[str, Any]:
+    """Leaves of nested dicts, lists, tuples and objects' attributes (a pickled ``TrainingArguments``)
+    by dotted path (``optimizer.state.3.exp_avg``). A list of plain values (an RNG's state words) is
+    one leaf: 625 entries would say nothing more. Keys and values naming the run's own directory
+    ``run`` name ``{run}`` instead."""
+    if depth > MAX_DEPTH:
+        return {prefix or "(value)": repr(value)[:SHOWN_CHARS]}
     if isinstance(value, dict):
         items = [(placed(str(k), run), v) for k, v in value.items()]
+    elif _is_object(value):
+        items = [(str(k), v) for k, v in vars(value).items() if not str(k).startswith("__")]
     elif isinstance(value, list | tuple) and value and all(isinstance(v, SCALARS) for v in value):
         return {prefix or "(value)": list(value)}
     elif isinstance(value, list | tuple):
@@ -91,8 +99,18 @@ def flatten(value: Any, prefix: str = "", run: str = "") -> dict[str, Any]:
     if not items:
         leaves[prefix or "(value)"] = type(value).__name__ + "()"
     for key, item in items:
-        leaves.update(flatten(item, f"{prefix}.{key}" if prefix else key, run))
+        leaves.update(flatten(item, f"{prefix}.{key}" if prefix else key, run, depth + 1))
     return leaves
+
+
+def _is_object(value: Any) -> bool:
+    """An instance whose state is its attributes (a dataclass, a config object): not a tensor, an
+    array, an enum member, a class or a function."""
+    if hasattr(value, "detach") or is_array(value) or isinstance(value, type) or callable(value):
+        return False
+    if type(value).__module__ == "enum" or hasattr(type(value), "_member_map_"):
+        return False
+    return hasattr(value, "__dict__") and isinstance(vars(value), dict)
 
 
 def _show(value: Any) -> str:
@@ -185,13 +203,15 @@ def _hex_digest(value: Any) -> bool:
 def _rank(value: Any) -> int:
     """Causes before consequences: counters and RNG states first (a step count, an epoch, a
     scheduler's last_epoch, RNG words), then integer tensors, strings (digests of other files),
-    and last the floating tensors every divergence drags along."""
+    and last the floats and floating tensors every divergence drags along."""
     if hasattr(value, "detach"):
         return 3 if value.is_floating_point() and value.dim() > 0 else 1
     if is_array(value):
         return 3 if value.dtype.kind in "fc" and len(value.shape) > 0 else 1
     if isinstance(value, str):
         return 2
+    if isinstance(value, float):
+        return 3  # a logged loss or norm: a consequence, as floating tensors are
     return 0
 
 

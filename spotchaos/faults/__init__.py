@@ -12,7 +12,7 @@ from typing import Protocol
 from ..backends.base import Handle
 from .checkpoint import CHECKPOINT_FAULTS, CheckpointSet, Damage
 from .ranks import HangRank, KillRank, LoseNode, rank_fault
-from .signals import CloudNotice, CrashPoint, HardKill, Notice
+from .signals import CloudNotice, CrashPoint, HardKill, Notice, Rerun
 
 
 class PreemptionFault(Protocol):
@@ -49,6 +49,7 @@ PREEMPTIONS: dict[str, PreemptionFault] = _Preemptions(
         "sigterm": Notice(whole_group=False),
         "sigterm-group": Notice(whole_group=True),
         "sigkill": HardKill(),
+        "rerun": Rerun(),  # rerun@N: N is ignored; the finished job is started again
         "crash": CrashPoint(),  # crash@N: N is a file-system event (Preemption.fs_event), not a training step
         **{fault.name: fault for fault in (CloudNotice(p) for p in ("aws", "gcp", "azure", "alibaba"))},
     }

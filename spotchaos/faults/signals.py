@@ -47,6 +47,20 @@ class CloudNotice:
 
 
 @dataclass(frozen=True)
+class Rerun:
+    """No fault while the job runs: once it has finished (its final event and exit 0), it is
+    started again on the same checkpoints, as a scheduler does that restarts a job whose node went
+    away after its last save (a Kubernetes Job's retry, a spot fleet's replacement). A restart
+    after the final checkpoint must train nothing and end on the same weights."""
+
+    name: str = field(default="rerun", init=False)
+    graceful: bool = field(default=False, init=False)
+
+    def apply(self, handle: Handle) -> None:
+        pass  # the engine starts the next attempt once this one has finished
+
+
+@dataclass(frozen=True)
 class HardKill:
     """SIGKILL to every process of the job with no warning: a host lost, an OOM kill."""
 

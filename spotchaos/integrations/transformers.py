@@ -1,0 +1,162 @@
+"""Gate a Hugging Face ``Trainer`` job with one line:
+
+    from spotchaos.integrations.transformers import SpotchaosCallback
+    trainer = Trainer(..., callbacks=[SpotchaosCallback()])
+
+What the callback reports, and why it looks where it looks:
+
+- **steps** 0-based (``global_step`` counts finished steps, so the step that just ended is
+  ``global_step - 1``), with the loss the step's forwards computed, unrounded (the Trainer's log
+  rounds it and comes only every ``logging_steps``), and fingerprints of the batch, the learning
+  rate and the weights;
+- **a checkpoint** ``checkpoint-N`` only once it is whole: its ``trainer_state.json`` (written
+  last) is there and no ``checkpoint-is-incomplete.txt`` sentinel. ``on_save`` reports the
+  periodic ones; the JIT checkpoint (``enable_jit_checkpoint``, which calls ``_save_checkpoint``
+  directly and never ``on_save``) is found on the next hook, and one written in the middle of a
+  step (from ``on_pre_optimizer_step``, after that step's forward drew its dropout masks) says so;
+- **the resume point** at ``on_train_begin`` (``global_step`` restored from ``checkpoint-N``);
+- **the final digests** at ``on_train_end``, only when ``max_steps`` was reached (a Trainer
+  stopped by a signal also ends its training, but did not finish it).
+
+:class:`SaveOnSigterm` is the fix for the JIT checkpoint's half-step state: on SIGTERM it asks
+for a save at the end of the current step and stops there (docs/frameworks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import transformers
+from transformers import TrainerCallback
+
+from ._report import Report, Stopwatch
+
+__all__ = ["SaveOnSigterm", "SpotchaosCallback"]
+
+STATE_FILE = "trainer_state.json"
+INCOMPLETE = "checkpoint-is-incomplete.txt"  # the JIT checkpoint's sentinel while it writes
+PREFIX = "checkpoint-"
+MID_STEP = (
+    "transformers' JIT checkpoint (enable_jit_checkpoint) wrote checkpoint-{n} from on_pre_optimizer_step, in the "
+    "middle of step {n}: it holds the RNG state after that step's forward, so the resumed step {n} draws other "
+    "dropout masks. Save at a step boundary instead (spotchaos.integrations.transformers.SaveOnSigterm)"
+)
+
+
+def checkpoint_step(folder: str) -> int | None:
+    """The ``global_step`` a whole ``checkpoint-N`` folder holds, or None if it is not (yet) whole."""
+    if os.path.exists(os.path.join(folder, INCOMPLETE)):
+        return None
+    try:
+        with open(os.path.join(folder, STATE_FILE)) as f:
+            step = json.load(f).get("global_step")
+    except (OSError, ValueError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _missing_rng(folder: str, process_index: int) -> str | None:
+    """What a resume from ``folder`` lacks: the Trainer goes on without an RNG file, saying so only
+    in an INFO log, and the resumed steps draw other dropout masks and samples."""
+    names = ("rng_state.pth", f"rng_state_{process_index}.pth")
+    if any(os.path.exists(os.path.join(folder, name)) for name in names):
+        return None
+    return (
+        f"{os.path.basename(folder)} holds no rng_state.pth: transformers resumed without restoring the RNG "
+        "(an INFO log only), so the resumed steps draw other dropout masks and samples"
+    )
+
+
+class SpotchaosCallback(TrainerCallback):
+    """Reports a ``Trainer``'s steps, checkpoints, resume and final weights to spotchaos.
+
+    ``weights``: fingerprint the weights after every step (default: models up to 20 M parameters).
+    """
+
+    def __init__(self, *, weights: bool | None = None) -> None:
+        self.report = Report("transformers", transformers.__version__, weights=weights)
+        self.clock = Stopwatch()
+        self.in_step = False
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.report.watch(model)
+        folder = os.path.join(args.output_dir, f"{PREFIX}{state.global_step}")
+        if state.global_step > 0:
+            self.report.resume(state.global_step - 1, folder, caveat=_missing_rng(folder, args.process_index))
+        self._seen_now(args)  # what was there before this attempt is not this attempt's checkpoint
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._found(args, state)
+        self.in_step = True
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._found(args, state)
+
+    def on_step_end(self, args, state, control, model=None, lr_scheduler=None, **kwargs):
+        self.in_step = False  # the step is whole now: a checkpoint found here holds all of it
+        self._found(args, state)
+        loss, batch = self.report.take()
+        lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else None
+        self.report.step(state.global_step - 1, loss, model=model, batch=batch, lr=lr)
+        self.clock.reset()  # a save, if any, follows this hook
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = os.path.join(args.output_dir, f"{PREFIX}{state.global_step}")
+        if checkpoint_step(folder) == state.global_step:
+            self.report.checkpoint(state.global_step - 1, folder, seconds=self.clock.seconds())
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._found(args, state)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self._found(args, state)
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            self.report.final(model, state.global_step - 1)
+
+    def _seen_now(self, args) -> None:
+        for folder, _ in self._checkpoints(args):
+            self.report.reported.add(os.path.abspath(folder))
+
+    def _found(self, args, state) -> None:
+        """Report a whole checkpoint no ``on_save`` announced (the JIT checkpoint's)."""
+        for folder, step in self._checkpoints(args):
+            if os.path.abspath(folder) in self.report.reported:
+                continue
+            mid_step = self.in_step and step == state.global_step
+            caveat = MID_STEP.format(n=step) if mid_step else None
+            self.report.checkpoint(step - 1, folder, seconds=self.clock.seconds(), reason="preemption", caveat=caveat)
+
+    @staticmethod
+    def _checkpoints(args) -> list[tuple[str, int]]:
+        try:
+            names = [n for n in os.listdir(args.output_dir) if n.startswith(PREFIX)]
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            folder = os.path.join(args.output_dir, name)
+            step = checkpoint_step(folder)
+            if step is not None and step > 0:
+                found.append((folder, step))
+        return sorted(found, key=lambda item: item[1])
+
+
+class SaveOnSigterm(TrainerCallback):
+    """On SIGTERM, save a checkpoint at the end of the step in progress and stop: a whole step's
+    state, unlike the JIT checkpoint's (leave ``enable_jit_checkpoint`` off beside it)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
