@@ -71,7 +71,7 @@ class Report:
         self.probe = probe if probe is not None else Probe.from_env()
         self.framework = framework
         self.weights = weights
-        self.reported: set[str] = set()  # checkpoints already reported, by path
+        self.reported: set[str] = set()  # checkpoints already reported, by path and step
         self.last_step: int | None = None
         self._losses: list[Any] = []
         self._batches: list[str] = []
@@ -135,9 +135,9 @@ class Report:
     ) -> None:
         """The framework's checkpoint of the state after ``step`` is whole at ``path``."""
         path = os.path.abspath(path)
-        if not self.enabled or path in self.reported:
+        if not self.enabled or f"{path}@{step}" in self.reported:
             return
-        self.reported.add(path)
+        self.reported.add(f"{path}@{step}")  # a name saved again (Lightning's last.ckpt) is a new checkpoint
         extra = {"caveat": caveat} if caveat else {}
         self.probe.emit(
             "checkpoint",
@@ -152,7 +152,7 @@ class Report:
 
     def resume(self, from_step: int, path: str, *, caveat: str | None = None) -> None:
         """Training goes on after ``from_step``, restored from ``path``."""
-        self.reported.add(os.path.abspath(path))
+        self.reported.add(f"{os.path.abspath(path)}@{from_step}")
         extra = {"caveat": caveat} if caveat else {}
         self.probe.emit("resume", from_step=int(from_step), uri=os.path.abspath(path), **extra)
 

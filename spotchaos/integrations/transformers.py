@@ -10,9 +10,10 @@ What the callback reports, and why it looks where it looks:
   rounds it and comes only every ``logging_steps``), and fingerprints of the batch, the learning
   rate and the weights;
 - **a checkpoint** ``checkpoint-N`` only once it is whole: its ``trainer_state.json`` (written
-  last) is there and no ``checkpoint-is-incomplete.txt`` sentinel. ``on_save`` reports the
-  periodic ones; the JIT checkpoint (``enable_jit_checkpoint``, which calls ``_save_checkpoint``
-  directly and never ``on_save``) is found on the next hook, and one written in the middle of a
+  last) is there and no ``checkpoint-is-incomplete.txt`` sentinel, at the hook after ``on_save``
+  (every callback's ``on_save`` has run by then); the JIT checkpoint (``enable_jit_checkpoint``,
+  which calls ``_save_checkpoint`` directly and never ``on_save``) is found on the next hook, and
+  one written in the middle of a
   step (from ``on_pre_optimizer_step``, after that step's forward drew its dropout masks) says so;
 - **the resume point** at ``on_train_begin`` (``global_step`` restored from ``checkpoint-N``);
 - **the final digests** at ``on_train_end``, only when ``max_steps`` was reached (a Trainer
@@ -24,6 +25,7 @@ for a save at the end of the current step and stops there (docs/frameworks.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -32,11 +34,13 @@ from typing import Any
 import transformers
 from transformers import TrainerCallback
 
+from ..probe import Probe
 from ._report import Report, Stopwatch
 
-__all__ = ["SaveOnSigterm", "SpotchaosCallback"]
+__all__ = ["SaveOnSigterm", "SpotchaosCallback", "VerifiedCheckpoints", "last_verified_checkpoint"]
 
 STATE_FILE = "trainer_state.json"
+MANIFEST = "checksums.json"  # VerifiedCheckpoints' sha256 of every other file of a checkpoint
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # the JIT checkpoint's sentinel while it writes
 PREFIX = "checkpoint-"
 MID_STEP = (
@@ -80,6 +84,7 @@ class SpotchaosCallback(TrainerCallback):
         self.report = Report("transformers", transformers.__version__, weights=weights)
         self.clock = Stopwatch()
         self.in_step = False
+        self.saved: dict[int, float] = {}  # global_step -> seconds, of the saves on_save announced
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.report.watch(model)
@@ -104,9 +109,9 @@ class SpotchaosCallback(TrainerCallback):
         self.clock.reset()  # a save, if any, follows this hook
 
     def on_save(self, args, state, control, **kwargs):
-        folder = os.path.join(args.output_dir, f"{PREFIX}{state.global_step}")
-        if checkpoint_step(folder) == state.global_step:
-            self.report.checkpoint(state.global_step - 1, folder, seconds=self.clock.seconds())
+        # reported at the next hook, once every callback's on_save has run (one may still be adding
+        # to the folder: VerifiedCheckpoints' checksums)
+        self.saved[state.global_step] = self.clock.seconds()
 
     def on_epoch_end(self, args, state, control, **kwargs):
         self._found(args, state)
@@ -117,13 +122,17 @@ class SpotchaosCallback(TrainerCallback):
             self.report.final(model, state.global_step - 1)
 
     def _seen_now(self, args) -> None:
-        for folder, _ in self._checkpoints(args):
-            self.report.reported.add(os.path.abspath(folder))
+        for folder, step in self._checkpoints(args):
+            self.report.reported.add(f"{os.path.abspath(folder)}@{step - 1}")
 
     def _found(self, args, state) -> None:
-        """Report a whole checkpoint no ``on_save`` announced (the JIT checkpoint's)."""
+        """Report each whole checkpoint not reported yet: those ``on_save`` announced, and those it
+        never does (the JIT checkpoint's)."""
         for folder, step in self._checkpoints(args):
-            if os.path.abspath(folder) in self.report.reported:
+            if f"{os.path.abspath(folder)}@{step - 1}" in self.report.reported:
+                continue
+            if step in self.saved:  # a periodic save
+                self.report.checkpoint(step - 1, folder, seconds=self.saved.pop(step))
                 continue
             mid_step = self.in_step and step == state.global_step
             caveat = MID_STEP.format(n=step) if mid_step else None
@@ -160,3 +169,73 @@ class SaveOnSigterm(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class VerifiedCheckpoints(TrainerCallback):
+    """After each save, a sha256 of every file of ``checkpoint-N`` in ``checksums.json``, written
+    whole (a temporary file, fsynced, renamed): the Trainer verifies nothing it loads, so a torn or
+    bit-flipped checkpoint is resumed from, or makes every restart fail. Resume with
+    :func:`last_verified_checkpoint`."""
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = os.path.join(args.output_dir, f"{PREFIX}{state.global_step}")
+        if not os.path.isdir(folder):
+            return
+        sums = {
+            name: _sha256(os.path.join(folder, name))
+            for name in sorted(os.listdir(folder))
+            if name != MANIFEST and os.path.isfile(os.path.join(folder, name))
+        }
+        partial = os.path.join(folder, f".{MANIFEST}.partial")
+        with open(partial, "w") as f:
+            json.dump(sums, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, os.path.join(folder, MANIFEST))
+
+
+def _verify(folder: str) -> str | None:
+    """Why ``folder`` is not a checkpoint to resume from, or None when every file matches."""
+    try:
+        with open(os.path.join(folder, MANIFEST)) as f:
+            sums = json.load(f)
+    except (OSError, ValueError):
+        return f"no readable {MANIFEST}: its save did not finish"
+    if not isinstance(sums, dict) or STATE_FILE not in sums:
+        return f"{MANIFEST} does not list {STATE_FILE}"
+    for name, digest in sums.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return f"{name} is missing"
+        if _sha256(path) != digest:
+            return f"{name} does not match its sha256"
+    return None
+
+
+def last_verified_checkpoint(output_dir: str) -> str | None:
+    """The newest ``checkpoint-N`` of ``output_dir`` whose files all match their ``checksums.json``
+    (see :class:`VerifiedCheckpoints`), for ``trainer.train(resume_from_checkpoint=...)``; each newer
+    one skipped is reported to spotchaos as a rollback. None when none verifies."""
+    try:
+        names = [n for n in os.listdir(output_dir) if n.startswith(PREFIX) and n[len(PREFIX) :].isdigit()]
+    except OSError:
+        return None
+    probe = Probe.from_env()
+    try:
+        for name in sorted(names, key=lambda n: int(n[len(PREFIX) :]), reverse=True):
+            folder = os.path.join(output_dir, name)
+            problem = _verify(folder)
+            if problem is None:
+                return folder
+            probe.rollback(os.path.abspath(folder), problem)
+        return None
+    finally:
+        probe.close()

@@ -1,0 +1,119 @@
+"""Gate a Lightning job with one line (``lightning`` or ``pytorch_lightning``, whichever the job
+uses):
+
+    from spotchaos.integrations.lightning import SpotchaosCallback
+    trainer = L.Trainer(..., callbacks=[SpotchaosCallback(), ModelCheckpoint(...)])
+
+What the callback reports, and why it looks where it looks:
+
+- **steps** 0-based (``global_step`` counts finished optimizer steps), from the loss the
+  ``training_step`` returned, unrounded (the progress bar prints once per epoch off a terminal),
+  with fingerprints of the batch, the learning rate and the weights;
+- **a checkpoint** once ``strategy.save_checkpoint`` has returned, which is where every save of
+  Lightning ends (``ModelCheckpoint`` runs its callbacks last, so no public hook sees its file
+  written); on-exception checkpoints (``save_on_exception``) too;
+- **the resume point** at ``on_train_start`` (``trainer.ckpt_path`` and the restored
+  ``global_step``), with what the checkpoint lacks: Lightning saves no RNG state, and restores a
+  DataLoader's position only when the loader is stateful (``state_dict``/``load_state_dict``);
+- **the final digests** at ``teardown`` when the fit finished (``on_train_end`` is skipped when a
+  restart has nothing left to train).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+try:
+    import lightning.pytorch as pl
+
+    _NAME = "lightning"
+except ImportError:  # the older package name
+    import pytorch_lightning as pl
+
+    _NAME = "pytorch_lightning"
+
+from ._report import Report
+
+__all__ = ["SpotchaosCallback", "has_rng_state"]
+
+NO_RNG = (
+    "Lightning's checkpoint holds no RNG state (torch, numpy, python): the resumed steps draw other dropout masks "
+    "and samples. Save and restore them in on_save_checkpoint / on_load_checkpoint (docs/frameworks.md)"
+)
+NOT_STATEFUL = (
+    "resumed inside epoch {epoch} from a plain DataLoader, which Lightning restarts from its first batch (a "
+    "warning only): give the loader state_dict/load_state_dict, or restore the position yourself"
+)
+
+
+def has_rng_state(checkpoint: Any, depth: int = 0) -> bool:
+    """Whether a checkpoint dict holds anything named like RNG state, in its first three levels."""
+    if not isinstance(checkpoint, dict) or depth > 2:
+        return False
+    for key, value in checkpoint.items():
+        name = str(key).lower()
+        if "rng" in name or "random" in name:
+            return True
+        if has_rng_state(value, depth + 1):
+            return True
+    return False
+
+
+class SpotchaosCallback(pl.Callback):
+    """Reports a Lightning fit's steps, checkpoints, resume and final weights to spotchaos."""
+
+    def __init__(self, *, weights: bool | None = None) -> None:
+        self.report = Report(_NAME, pl.__version__, weights=weights)
+        self._last_step: int | None = None
+        self._loaded: dict[str, Any] | None = None
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        strategy = trainer.strategy
+        original = strategy.save_checkpoint
+        report = self.report
+
+        def save_checkpoint(checkpoint: dict, filepath: Any, storage_options: Any = None) -> None:
+            started = time.perf_counter()
+            original(checkpoint, filepath, storage_options=storage_options)
+            if trainer.is_global_zero:
+                step = int(checkpoint.get("global_step", trainer.global_step)) - 1
+                reason = "preemption" if trainer.received_sigterm else "periodic"
+                caveat = None if has_rng_state(checkpoint) else NO_RNG
+                report.checkpoint(
+                    step, str(filepath), seconds=time.perf_counter() - started, reason=reason, caveat=caveat
+                )
+
+        strategy.save_checkpoint = save_checkpoint  # the instance's: every save of this fit ends here
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        self._loaded = checkpoint
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.ckpt_path and trainer.global_step > 0:
+            self.report.resume(trainer.global_step - 1, str(trainer.ckpt_path), caveat=self._resume_caveat(trainer))
+        self._last_step = trainer.global_step
+
+    def _resume_caveat(self, trainer: Any) -> str | None:
+        said = []  # (a checkpoint without RNG state says so itself, on its checkpoint event)
+        batches = trainer.num_training_batches
+        loader = trainer.train_dataloader
+        stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+        if isinstance(batches, int) and batches > 0 and trainer.global_step % batches and not stateful:
+            said.append(NOT_STATEFUL.format(epoch=trainer.current_epoch))
+        return " ".join(said) or None
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self._last_step:
+            return  # a micro-batch of gradient accumulation: the step is not over
+        self._last_step = trainer.global_step
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        _, fingerprint = self.report.take(batch)
+        optimizers = trainer.optimizers
+        lr = optimizers[0].param_groups[0]["lr"] if optimizers else None
+        self.report.step(trainer.global_step - 1, loss, model=pl_module, batch=fingerprint, lr=lr)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or trainer.interrupted or trainer.received_sigterm or not trainer.fit_loop.done:
+            return
+        self.report.final(pl_module, trainer.global_step - 1)
