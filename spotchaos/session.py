@@ -30,6 +30,7 @@ from .determinism import HINT, Audit, Envelope
 from .determinism import audit as audit_runs
 from .engine import EngineOptions, run_job
 from .errors import NotDeterministic, SpotchaosError
+from .frameworks import framework_of, state_diff_ignore
 from .logadapter import StepConvention, convention_from_dict
 from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
@@ -284,7 +285,10 @@ class SessionCore:
             kept_dir(reference.workdir),
             kept_dir(run.workdir),
             confined=confined,
-            ignore=job.state_diff_ignore,
+            ignore=state_diff_ignore(
+                framework_of(job.framework, reference.attempts[0].of_kind("start") if reference.attempts else []),
+                job.state_diff_ignore,
+            ),
             exact_floats=job.exactness == "bit",
             runs=(str(reference.workdir), str(run.workdir)),
         )

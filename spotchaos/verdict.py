@@ -328,7 +328,9 @@ def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome
         + (f" ({damage.detail})" if damage.detail else "")
     )
     problem = None
-    if damage.makes_unloadable and start == damage.damaged_step:
+    if damage.makes_unloadable and start == damage.damaged_step and _resumed_another_copy(attempt, damage):
+        pass  # a second copy of the same step (Lightning's last.ckpt beside epoch=E-step=S.ckpt), untouched
+    elif damage.makes_unloadable and start == damage.damaged_step:
         problem = (
             f"silent bad load: attempt {attempt.index} resumed from the damaged checkpoint after step "
             f"{damage.damaged_step} ({what})" + ("" if rolled_back else " without reporting a rollback")
@@ -357,6 +359,21 @@ def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome
         ok=problem is None,
         problem=problem,
     )
+
+
+def _resumed_another_copy(attempt: Attempt, damage: Damage) -> bool:
+    """Whether the attempt says it resumed from a file other than the one damaged, of the same step:
+    a job that saves each step twice (a named checkpoint and a ``last`` copy) loses nothing when one
+    copy is damaged. Judged from the resume event alone (a copy that is a link to the damaged file
+    would load it, and its divergence shows in the losses and weights)."""
+    resumes = attempt.of_kind("resume")
+    uri = resumes[0].get("uri") if resumes else None
+    if not isinstance(uri, str) or not uri:
+        return False
+    path = uri.removeprefix("file://")
+    damaged = damage.checkpoint.rstrip("/")
+    touched = f"{damaged}/{damage.file}" if damage.file else damaged
+    return path.rstrip("/") not in (damaged, touched) and not path.startswith(damaged + "/")
 
 
 def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[list[str], list[DamageOutcome]]:

@@ -43,8 +43,32 @@ NO_RNG = (
 )
 NOT_STATEFUL = (
     "resumed inside epoch {epoch} from a plain DataLoader, which Lightning restarts from its first batch (a "
-    "warning only): give the loader state_dict/load_state_dict, or restore the position yourself"
+    "warning only) unless the job restores the position itself: give the loader state_dict/load_state_dict, or "
+    "have its sampler skip the batches already trained"
 )
+
+
+BETWEEN_EPOCHS = (
+    "Lightning wrote this checkpoint after epoch {epoch} ended and before the next began (the on-exception "
+    "checkpoint of a notice on the epoch's last batch): it holds epoch {next} with epoch {epoch}'s batch progress "
+    "({batches} batches), so the resumed run ends epoch {next} after one batch and trains on in the wrong epoch "
+    "(Lightning 2.6.6). Save the SIGTERM checkpoint at the end of the step instead (docs/frameworks.md)"
+)
+
+
+def between_epochs(checkpoint: Any) -> str | None:
+    """Whether a checkpoint's loops say every started epoch completed while the finished epoch's
+    batches still count as the current epoch's: the state Lightning cannot resume from."""
+    try:
+        loop = checkpoint["loops"]["fit_loop"]
+        epochs = loop["epoch_progress"]["current"]
+        batches = loop["epoch_loop.batch_progress"]["current"]["completed"]
+    except (KeyError, TypeError):
+        return None
+    if batches > 0 and epochs["completed"] == epochs["ready"] and epochs["completed"] > 0:
+        epoch = int(checkpoint.get("epoch", epochs["completed"]))
+        return BETWEEN_EPOCHS.format(epoch=epoch - 1, next=epoch, batches=batches)
+    return None
 
 
 def has_rng_state(checkpoint: Any, depth: int = 0) -> bool:
@@ -79,7 +103,8 @@ class SpotchaosCallback(pl.Callback):
             if trainer.is_global_zero:
                 step = int(checkpoint.get("global_step", trainer.global_step)) - 1
                 reason = "preemption" if trainer.received_sigterm else "periodic"
-                caveat = None if has_rng_state(checkpoint) else NO_RNG
+                said = [between_epochs(checkpoint), None if has_rng_state(checkpoint) else NO_RNG]
+                caveat = " ".join(c for c in said if c) or None
                 report.checkpoint(
                     step, str(filepath), seconds=time.perf_counter() - started, reason=reason, caveat=caveat
                 )

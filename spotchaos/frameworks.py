@@ -1,0 +1,54 @@
+"""What the harness knows of the frameworks users train with: the entries of their checkpoints that
+legitimately differ between an uninterrupted run and a resumed one, so the state diff does not call
+them latent failures.
+
+A job names its framework (``framework = "lightning"``) or its integration says so in its start
+event (``spotchaos.integrations``); a job's own ``state_diff_ignore`` comes on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# Lightning's ModelCheckpoint keeps its own bookkeeping in every checkpoint: which files it wrote
+# (paths of the run, and a resumed run has written last.ckpt before the reference had at the same
+# step) and their scores. Its loops count how often an epoch or batch was made ready and started,
+# which a resume does once more; what was completed and processed is still compared. The state a
+# resume must restore is elsewhere (those counts, optimizers, model).
+_LIGHTNING = (
+    "loops.*.ready",
+    "loops.*.started",
+    "*ModelCheckpoint*.last_model_path",
+    "*ModelCheckpoint*.best_model_path",
+    "*ModelCheckpoint*.best_model_score",
+    "*ModelCheckpoint*.kth_best_model_path",
+    "*ModelCheckpoint*.kth_value",
+    "*ModelCheckpoint*.best_k_models*",
+    "*ModelCheckpoint*.dirpath",
+)
+
+STATE_DIFF_IGNORE: dict[str, tuple[str, ...]] = {
+    # trainer_state.json's timings are caught by name (train_runtime, ...); what else differs is a
+    # path of the run's own (best_model_checkpoint), which compares as {run}
+    "transformers": (),
+    "lightning": _LIGHTNING,
+    "pytorch_lightning": _LIGHTNING,
+    "accelerate": (),
+}
+
+
+def framework_of(declared: str | None, start_events: Sequence[dict[str, Any]]) -> str | None:
+    """The job's framework: as declared, else as its integration's start event says."""
+    if declared:
+        return declared
+    for event in start_events:
+        name = event.get("framework")
+        if isinstance(name, str) and name in STATE_DIFF_IGNORE:
+            return name
+    return None
+
+
+def state_diff_ignore(framework: str | None, own: tuple[str, ...]) -> tuple[str, ...]:
+    """The patterns the state diff skips: the framework's, then the job's own."""
+    return (*STATE_DIFF_IGNORE.get(framework or "", ()), *own)

@@ -1,0 +1,120 @@
+"""Framework jobs gated through their one-line integrations: real transformers Trainers, Lightning
+fits and accelerate loops, each correct one resuming bit-exact and each broken one failing with
+its cause named. The full exploration of every built-in scenario is scenarios/test_frameworks.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from spotchaos.config import load_settings
+from spotchaos.integrations._report import loss_of, tensors_in
+from spotchaos.plan import Plan
+from spotchaos.runner import ChaosFailure
+
+from .helpers import ROOT
+
+
+def job(name: str, *args: str, recipe: bool = False):
+    """A framework job of pyproject.toml with ``args`` added; ``recipe``: without ``--correct``, as
+    the framework's docs show it."""
+    declared = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == name)
+    command = tuple(c for c in declared.command if not (recipe and c == "--correct")) + args
+    label = "-".join((name, *(a.strip("-") for a in args), *(["recipe"] if recipe else [])))
+    return replace(declared, name=label, command=command)
+
+
+def failure_of(runner, job, plan: str) -> str:
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(job, Plan.parse(plan))
+    return str(failure.value)
+
+
+def test_a_correct_trainer_resumes_bit_exact_after_a_kill_and_a_notice(runner):
+    verdict = runner.check(job("hf-trainer"), Plan.parse("sigterm@4,sigkill@13"))
+    assert verdict.passed and verdict.state_difference is None, verdict.message()
+
+
+def test_the_trainer_jit_checkpoint_is_caught_saving_half_a_step(runner):
+    """The JIT checkpoint lands on the first hook 3 s after SIGTERM: inside a step (where a step
+    spends its time) unless the timer happens to run out between two steps, so a few notices."""
+    jit = job("hf-trainer", "--sigterm", "jit", "--max-steps", "60")
+    messages = []
+    for plan in ("sigterm@9", "sigterm@15", "sigterm@21"):
+        try:
+            runner.check(jit, Plan.parse(plan))
+        except ChaosFailure as failure:
+            messages.append(str(failure))
+            break
+    assert messages, "three SIGTERMs, and the JIT checkpoint never landed mid-step"
+    line = next(x for x in messages[0].splitlines() if "diverged" in x)
+    assert "the first step after resuming" in line, line
+    assert "cause: transformers' JIT checkpoint (enable_jit_checkpoint) wrote checkpoint-" in line
+    assert "from on_pre_optimizer_step, in the middle of step" in line
+
+
+def test_a_trainer_started_again_after_its_final_checkpoint_trains_an_extra_step(runner):
+    message = failure_of(runner, job("hf-trainer", "--max-steps", "26"), "rerun@0")  # 8 steps an epoch
+    assert "steps the reference never ran: 26; hint: started again after it had finished" in message, message
+
+
+def test_the_lightning_docs_recipe_is_never_bit_exact_and_says_why(runner):
+    message = failure_of(runner, job("lightning", recipe=True), "sigkill@9")
+    line = next(x for x in message.splitlines() if "diverged" in x)
+    assert "cause: " in line and "Lightning's checkpoint holds no RNG state" in line, line
+    assert "from a plain DataLoader, which Lightning restarts from its first batch" in line
+
+
+def test_a_lightning_job_saving_its_rng_and_position_resumes_bit_exact(runner):
+    verdict = runner.check(job("lightning"), Plan.parse("sigterm@10"))
+    assert verdict.passed and verdict.state_difference is None, verdict.message()
+
+
+def test_the_accelerate_recipe_mid_epoch_is_caught_and_a_seeded_loader_is_exact(runner):
+    message = failure_of(runner, job("accelerate", recipe=True), "sigkill@10")
+    assert "cause: resumed mid-epoch with a shuffling DataLoader that has no generator of its own" in message
+    verdict = runner.check(job("accelerate"), Plan.parse("sigkill@10"))
+    assert verdict.passed, verdict.message()
+
+
+@pytest.mark.unit
+def test_losses_and_batches_are_found_in_every_framework_output_shape():
+    import torch
+
+    loss = torch.tensor(1.5)
+    assert loss_of({"loss": loss}) is loss
+    assert loss_of(type("Out", (), {"loss": loss})()) is loss
+    assert loss_of(loss) is loss and loss_of(torch.ones(2)) is None
+    a, b = torch.ones(2), torch.zeros(3)
+    assert tensors_in({"labels": b, "input_ids": a}) == [a, b]  # by key, whatever the dict's order
+    assert tensors_in([a, (b, "text")]) == [a, b]
+
+
+def test_importing_the_integrations_package_imports_no_framework():
+    code = (
+        "import sys, spotchaos.integrations, spotchaos.probe; "
+        "print(sorted(m for m in ('transformers', 'lightning', 'accelerate', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.replace("'", '"')) == []
+
+
+def test_an_integration_outside_spotchaos_is_a_no_op(tmp_path):
+    """The example job runs as in production (no SPOTCHAOS_EVENTS): it trains, and nothing is written for spotchaos."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    script = ROOT / "fixtures" / "frameworks" / "accelerate_job.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--steps", "3", "--step-seconds", "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["accelerate-out"]
+    assert [p.name for p in (tmp_path / "accelerate-out").iterdir()] == []  # 3 steps: no checkpoint due
