@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import shlex
 import sys
 import tomllib
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .container import ContainerSpec, container_from_mapping
 from .cost import MAX_PRICE, PRICE_KEYS, CostInputs
+from .declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
 from .errors import ConfigError
 from .logadapter import LogSpec, log_from_mapping
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
 from .redact import secret_values
 
-PYTHON_ALIASES = ("python", "python3")
-JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")
 LAUNCHERS = ("python", "torchrun")
@@ -259,6 +256,8 @@ class Settings:
     """Project-wide options from ``[tool.spotchaos]``."""
 
     output: str = "spotchaos-report"
+    # the scenarios that ship in the package (spotchaos/scenarios) run on every declared job
+    builtin: bool = True
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
     services: tuple[Any, ...] = field(default_factory=tuple)  # ServiceSpec (spotchaos.serving.spec)
 
@@ -342,38 +341,7 @@ def _cost(table: Any, where: str) -> CostInputs:
     return CostInputs(**table)
 
 
-_TOP_KEYS = {"output", "jobs", "services"}
-
-
-def command_of(value: Any, where: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        parts = shlex.split(value)
-    elif isinstance(value, Sequence) and all(isinstance(p, str) for p in value):
-        parts = list(value)
-    else:
-        raise ConfigError(f"{where}: must be a string or a list of strings, got {value!r}")
-    if not parts:
-        raise ConfigError(f"{where}: must not be empty")
-    return tuple(parts)
-
-
-def checked_table(
-    kind: str, name: str, table: Any, source: str, known: set[str]
-) -> tuple[Mapping[str, Any], Callable[[str], str]]:
-    """A ``[tool.spotchaos.KIND.NAME]`` table with a command and only ``known`` keys, and the
-    function that names one of its keys in a message (jobs and services alike)."""
-
-    def where(key: str) -> str:
-        return f"{source} [tool.spotchaos.{kind}.{name}].{key}"
-
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{source} [tool.spotchaos.{kind}.{name}]: must be a table")
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{where(unknown[0])}: unknown key (known: {', '.join(sorted(known))})")
-    if "command" not in table:
-        raise ConfigError(f"{where('command')}: required")
-    return table, where
+_TOP_KEYS = {"output", "builtin", "jobs", "services"}
 
 
 def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpec:
@@ -472,10 +440,14 @@ def load_settings(pyproject: Path) -> Settings:
         raise ConfigError(f"{pyproject} [tool.spotchaos]: must be a table")
     unknown = sorted(set(table) - _TOP_KEYS)
     if unknown:
-        raise ConfigError(f"{pyproject} [tool.spotchaos].{unknown[0]}: unknown key (known: output, jobs, services)")
+        known = ", ".join(sorted(_TOP_KEYS))
+        raise ConfigError(f"{pyproject} [tool.spotchaos].{unknown[0]}: unknown key (known: {known})")
     output = table.get("output", Settings.output)
     if not isinstance(output, str) or not output:
         raise ConfigError(f"{pyproject} [tool.spotchaos].output: must be a non-empty string")
+    builtin = table.get("builtin", True)
+    if not isinstance(builtin, bool):
+        raise ConfigError(f"{pyproject} [tool.spotchaos].builtin: must be true or false, got {builtin!r}")
     jobs_table = table.get("jobs", {})
     if not isinstance(jobs_table, Mapping):
         raise ConfigError(f"{pyproject} [tool.spotchaos].jobs: must be a table of jobs")
@@ -486,4 +458,4 @@ def load_settings(pyproject: Path) -> Settings:
     from .serving.spec import service_from_mapping  # the services' own module: config stays about jobs
 
     services = tuple(service_from_mapping(name, t, str(pyproject)) for name, t in services_table.items())
-    return Settings(output=output, jobs=jobs, services=services)
+    return Settings(output=output, builtin=builtin, jobs=jobs, services=services)

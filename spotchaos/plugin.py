@@ -8,15 +8,13 @@ by ``pytest_configure`` when ``--spotchaos`` is given, the way pytest-xdist impo
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from . import hooks
 from .profiles import PROFILES
+from .stash import STATE
 
 SKIP_REASON = "chaos scenario: run with --spotchaos (it starts real training jobs)"
-STATE = pytest.StashKey[Any]()  # the session's state (spotchaos.pytest_session._State) when --spotchaos is on
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

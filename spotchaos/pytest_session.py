@@ -25,7 +25,6 @@ from .errors import ConfigError, SpotchaosError
 from .extras import MissingExtra
 from .leftovers import LiveJobs
 from .options import RunOptions, resolve
-from .plugin import STATE
 from .processes import children
 from .record import ScenarioRecord, as_reported, note_error
 from .redact import SecretMatcher, find_leaks, redact, secret_values
@@ -36,6 +35,7 @@ from .report.summary import figure_lines, lost_steps, verdict_word
 from .runner import ChaosRunner
 from .safefs import captured_logs, read_text_bounded, rewrite_logs
 from .sanitize import visible
+from .stash import RECORDS, STATE
 
 LOG = logging.getLogger("spotchaos")
 SCAN_BYTES = 256 << 20  # the most of one artifact the end-of-session secret scan reads
@@ -64,9 +64,6 @@ class _State:
         return jobs + secret_values(os.environ) + self.runner.secrets + self.worker_secrets
 
 
-RECORDS = pytest.StashKey[list[ScenarioRecord]]()
-
-
 def _pyproject(config: pytest.Config) -> Path:
     inipath = config.inipath
     if inipath is not None and inipath.name == "pyproject.toml":
@@ -82,6 +79,27 @@ def _declared_jobs(config: pytest.Config) -> Settings:
     if duplicates:
         raise ConfigError(f"job {duplicates[0]!r} is declared twice (pyproject.toml and pytest_spotchaos_jobs?)")
     return Settings(output=settings.output, jobs=(*settings.jobs, *extra), services=settings.services)
+
+
+BUILTIN = Path(__file__).resolve().parent / "scenarios"
+
+
+def _add_builtin_scenarios(config: pytest.Config, settings: Settings) -> None:
+    """The package's own scenarios join what pytest collects, so a project that declares a job has
+    the whole gate with nothing copied; not when the run names test files (or node ids) only, a
+    --pyargs selection, or ``[tool.spotchaos] builtin = false``."""
+    if not settings.builtin or config.option.pyargs:
+        return
+    given = [a for a in config.args if not a.startswith("-")]
+    if (
+        config.args_source == pytest.Config.ArgsSource.ARGS
+        and given
+        and not any(Path(a.split("::")[0]).is_dir() for a in given)
+    ):
+        return
+    if any(Path(a.split("::")[0]).resolve() in (BUILTIN, *BUILTIN.parents) for a in given if "::" not in a):
+        return  # already collected through a folder above it (a run from the spotchaos checkout)
+    config.args.append(str(BUILTIN))
 
 
 def start(config: pytest.Config) -> None:
@@ -127,6 +145,7 @@ def start(config: pytest.Config) -> None:
     if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running
         state.reaped = LiveJobs().reap()
     config.stash[STATE] = state
+    _add_builtin_scenarios(config, settings)
     config.pluginmanager.register(_Collector(config, state), "spotchaos-collector")
     if config.option.verbose > 0 and not config.getini("log_cli") and worker_seed is None:
         state.live_log = _LiveLines(config)

@@ -17,9 +17,9 @@ from .backends.docker import DockerUnavailable, GpuUnavailable
 from .config import JobSpec
 from .errors import ScenarioFailure, SpotchaosError
 from .plan import Plan, Preemption
-from .pytest_session import RECORDS
 from .record import ScenarioRecord, note_error, note_failure, note_plans
 from .runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource
+from .stash import RECORDS
 from .trajectory import RunRecord
 
 if TYPE_CHECKING:

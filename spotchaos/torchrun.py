@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .backends.base import Backend, Handle, LaunchSpec
-from .config import PYTHON_ALIASES, JobSpec
+from .config import JobSpec
+from .declare import PYTHON_ALIASES
 from .errors import BackendError, JobError
 from .ports import free_port
 from .probe import ENV_RUN_ID

@@ -10,7 +10,7 @@ restart resumed from the newest checkpoint that was durable (or said why it roll
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .determinism import HINT, Envelope
@@ -362,18 +362,17 @@ def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome
 
 
 def _resumed_another_copy(attempt: Attempt, damage: Damage) -> bool:
-    """Whether the attempt says it resumed from a file other than the one damaged, of the same step:
-    a job that saves each step twice (a named checkpoint and a ``last`` copy) loses nothing when one
-    copy is damaged. Judged from the resume event alone (a copy that is a link to the damaged file
+    """Whether the attempt says it resumed from another checkpoint beside the damaged one, of the same
+    step: a job that saves each step twice (a named checkpoint and a ``last`` copy) loses nothing
+    when one copy is damaged. Judged from the resume event alone (a copy that is a link to the damaged file
     would load it, and its divergence shows in the losses and weights)."""
     resumes = attempt.of_kind("resume")
     uri = resumes[0].get("uri") if resumes else None
     if not isinstance(uri, str) or not uri:
         return False
-    path = uri.removeprefix("file://")
-    damaged = damage.checkpoint.rstrip("/")
-    touched = f"{damaged}/{damage.file}" if damage.file else damaged
-    return path.rstrip("/") not in (damaged, touched) and not path.startswith(damaged + "/")
+    path = PurePosixPath(uri.removeprefix("file://"))
+    damaged = PurePosixPath(damage.checkpoint)
+    return path.is_absolute() and path.parent == damaged.parent and path != damaged
 
 
 def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[list[str], list[DamageOutcome]]:

@@ -150,13 +150,13 @@ def test_rollback_excuses_resuming_from_an_older_checkpoint():
     assert verdict.lost_steps == 3
 
 
-def damaged(resume_from, *, rollback=True, fault="truncate-half", unloadable=True):
+def damaged(resume_from, *, rollback=True, fault="truncate-half", unloadable=True, uri="u"):
     """Checkpoints after steps 2 and 5; the one after 5 is damaged before the restart."""
     from spotchaos.faults import Damage
 
     first = [*(step(i, lr=0.1 * i) for i in range(7)), ckpt(2), ckpt(5)]
     second = [{"event": "rollback", "skipped_uri": "file:///c5", "reason": "crc"}] if rollback else []
-    second += [{"event": "resume", "from_step": resume_from, "uri": "u"}]
+    second += [{"event": "resume", "from_step": resume_from, "uri": uri}]
     second += [*(step(i, lr=0.1 * i) for i in range(resume_from + 1, 10)), final()]
     chaos = record(attempt(0, first, fault=notice(5)), attempt(1, second))
     chaos.attempts[0].damage = Damage(
@@ -169,6 +169,13 @@ def damaged(resume_from, *, rollback=True, fault="truncate-half", unloadable=Tru
         expected_resume=2 if unloadable else 5,
     )
     return chaos
+
+
+def test_resuming_from_an_untouched_copy_of_the_damaged_step_beside_it_is_no_bad_load():
+    """Lightning saves a step twice (epoch=E-step=S.ckpt and last.ckpt): one damaged, the other whole."""
+    verdict = judge(REFERENCE, damaged(5, rollback=False, uri="file:///run/checkpoints/last.ckpt"))
+    assert verdict.passed, verdict.failures
+    assert "silent bad load" in judge(REFERENCE, damaged(5, rollback=False, uri="/run/checkpoints/ckpt-6")).message()
 
 
 def test_rollback_to_the_newest_intact_checkpoint_passes():

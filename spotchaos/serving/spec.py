@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
 from ..container import SIZE, ContainerSpec, container_from_mapping, size_bytes
+from ..declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
 from ..errors import ConfigError
 from ..presets import GRACE_WINDOWS
 

@@ -1,0 +1,68 @@
+"""What a new user of a framework does: a fresh venv with ``pip install spotchaos "transformers[torch]"`` (the Trainer needs accelerate), a
+training script with its one integration line, a job table of three keys, and ``pytest --spotchaos``
+runs every built-in scenario on it, from the installed package, with no file of this repository
+copied beside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from .helpers import FIXTURES, ROOT
+
+JOB_TABLE = """\
+[tool.spotchaos.jobs.train]
+command = ["python", "train.py", "--max-steps", "12", "--save-steps", "3", "--step-seconds", "0.05"]
+framework = "transformers"
+grace_seconds = 20
+"""
+BUILTIN = {  # every scenario that ships in spotchaos/scenarios, on the one declared job
+    "test_budgets.py::test_checkpoint_overhead_within_budget[train]",
+    "test_budgets.py::test_notice_flush_fits_half_the_grace_window[train]",
+    "test_checkpoint_damage.py::test_damaged_newest_checkpoint_rolls_back[train]",
+    "test_checkpoint_damage.py::test_crash_inside_a_checkpoint_save_leaves_a_loadable_checkpoint[train]",
+    "test_checkpoint_damage.py::test_crash_while_loading_on_resume_then_resume_again[train]",
+    "test_preemption.py::test_notice_then_resume_is_bit_exact[train]",
+    "test_preemption.py::test_hard_kill_then_resume_is_bit_exact[train]",
+    "test_preemption.py::test_chained_preemptions_are_bit_exact[train]",
+}
+
+
+def test_a_trainer_job_in_a_fresh_venv_gets_every_built_in_scenario(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY", "CI")}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "torch==2.13.0", str(ROOT), "transformers[torch]==5.24.0"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+        env=env,
+    )
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text((FIXTURES / "frameworks" / "hf_trainer.py").read_text())  # the user's script
+    (project / "pyproject.toml").write_text(JOB_TABLE)
+    run = subprocess.run(
+        [python, "-m", "pytest", "--spotchaos", "--spotchaos-examples", "1", "-p", "no:cacheprovider", "-rA"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    passed = {line.split("/")[-1] for line in run.stdout.splitlines() if line.startswith("PASSED ")}
+    passed = {p.split(" ")[0] for p in passed}
+    assert passed == BUILTIN, run.stdout[-4000:]
+    report = json.loads((project / "spotchaos-report" / "report.json").read_text())
+    verdicts = {s["scenario"].split("/")[-1]: s["status"] for s in report["scenarios"]}
+    assert set(verdicts) == BUILTIN and set(verdicts.values()) == {"passed"}, verdicts
+    assert not [p.name for p in project.iterdir() if p.suffix == ".py" and p.name != "train.py"]  # nothing copied
