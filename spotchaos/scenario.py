@@ -20,6 +20,7 @@ from .plan import Plan, Preemption
 from .record import ScenarioRecord, note_error, note_failure, note_plans
 from .runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource
 from .stash import RECORDS
+from .strategies import FirstPlans
 from .trajectory import RunRecord
 
 if TYPE_CHECKING:
@@ -45,9 +46,10 @@ class Scenario:
         """Run one plan (``Plan`` or ``"sigterm@5,sigkill@12"``); fail unless every verdict holds."""
         self._run(job, lambda record: self.runner.check(job, plan, record), plans=1)
 
-    def explore(self, job: JobSpec, plans: PlanSource | None = None) -> None:
-        """Search plans with hypothesis (``--spotchaos-plan`` replays one plan instead)."""
-        self._run(job, lambda record: self._search(job, plans, record))
+    def explore(self, job: JobSpec, plans: PlanSource | None = None, first: FirstPlans | None = None) -> None:
+        """Search plans with hypothesis (``--spotchaos-plan`` replays one plan instead); ``first``
+        gives plans to run before the search (``strategies.resumes_across_epochs``)."""
+        self._run(job, lambda record: self._search(job, plans, record, first))
 
     def reference(self, job: JobSpec) -> RunRecord:
         """The uninterrupted run of ``job`` (computed once per session)."""
@@ -125,14 +127,16 @@ class Scenario:
         a non-zero exit with a clear message, no checkpoint object changed, no secret shown."""
         self._run(job, lambda record: self.runner.check_storage_refusal(job, fault, record))
 
-    def _search(self, job: JobSpec, plans: PlanSource | None, record: ScenarioRecord) -> None:
+    def _search(
+        self, job: JobSpec, plans: PlanSource | None, record: ScenarioRecord, first: FirstPlans | None = None
+    ) -> None:
         if self._state.options.plan is not None:  # --spotchaos-plan: exactly that plan
             note_plans(record, 1)
             self.runner.check(job, self._state.options.plan, record)
             return
         options = self._state.options
         settings = ExploreSettings(max_examples=options.max_examples, seed=self._seed, verbose=options.verbose)
-        self.runner.explore(job, plans, settings=settings, record=record)
+        self.runner.explore(job, plans, settings=settings, record=record, first=first)
 
     def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:
         measure = None

@@ -19,7 +19,8 @@ from .families.preemption import DamageNotApplied, check
 from .plan import Plan
 from .record import ScenarioRecord, note_plans
 from .session import SessionCore
-from .strategies import preemption_plans
+from .strategies import FirstPlans, preemption_plans
+from .trajectory import RunRecord
 
 log = logging.getLogger("spotchaos")
 PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
@@ -39,14 +40,18 @@ def explore(
     *,
     settings: ExploreSettings | None = None,
     record: ScenarioRecord | None = None,
+    first: FirstPlans | None = None,
 ) -> int:
-    """Let hypothesis search plans; on failure it shrinks to the smallest failing plan.
+    """Let hypothesis search plans; on failure it shrinks to the smallest failing plan. ``first``
+    gives plans run before the search, from the reference's epochs and checkpoint steps
+    (``strategies.resumes_across_epochs``); they count towards ``max_examples``.
 
     Returns the number of plans tried. A :class:`SpotchaosError` that is not a verdict (the job
     hung, crashed on its own, wrote garbage) stops the search at once instead of being shrunk.
     """
     settings = settings or ExploreSettings()
-    total_steps = len(core.reference(job).steps)
+    reference = core.reference(job)
+    total_steps = len(reference.steps)
     if plans is None:
         strategy = preemption_plans(total_steps)
     elif isinstance(plans, st.SearchStrategy):
@@ -72,9 +77,13 @@ def explore(
         except SpotchaosError as exc:
             aborted.append(exc)
 
+    leading = _first_plans(first, reference)[: max(0, settings.max_examples - 1)]  # at least one searched
+    for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
+        attempt(plan)
+    searched = max(1, settings.max_examples - len(leading))
     test = given(plan=strategy)(attempt)
     test = hypothesis_settings(
-        max_examples=settings.max_examples,
+        max_examples=searched,
         deadline=None,
         database=None,
         derandomize=settings.seed is None,
@@ -110,6 +119,17 @@ def explore(
     if aborted:
         raise aborted[0]
     return tried
+
+
+def _first_plans(first: FirstPlans | None, reference: RunRecord) -> list[Plan]:
+    """``first``'s plans for this job: from the epoch each reference step reported (None when it
+    reports none) and the steps after which it reported a checkpoint."""
+    if first is None:
+        return []
+    epochs = [s.fingerprints.get("epoch") for s in reference.steps]
+    epochs = [e if isinstance(e, int) and not isinstance(e, bool) else None for e in epochs]
+    checkpoints = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
+    return first(epochs, checkpoints)
 
 
 def _first_verdict(group: BaseExceptionGroup) -> ScenarioFailure | None:

@@ -7,7 +7,7 @@ earlier steps, and the first fault kind listed (so list the mildest first).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hypothesis import strategies as st
 
@@ -64,3 +64,51 @@ def damage_plans(
         st.sampled_from(tuple(damage)),
         st.floats(0, 1, exclude_max=True, allow_nan=False),
     )
+
+
+FirstPlans = Callable[[Sequence["int | None"], Sequence[int]], list[Plan]]
+
+
+def resumes_across_epochs(fault: str, *, twice: bool = False, rerun: bool = False) -> FirstPlans:
+    """Plans run before the search, aimed where frameworks get resumes wrong, from the reference's
+    epoch of each step (the ``epoch`` fingerprint the framework integrations report) and its
+    checkpoint steps: a resume from inside an epoch and one from an epoch's last step (``sigterm``
+    checkpoints at the step it lands on; ``sigkill`` resumes from the checkpoint before it); with
+    ``twice``, two resumes inside one epoch; with ``rerun``, a restart after the job finished. A
+    job that reports no epochs gets the resume from inside its run."""
+
+    def first(epochs: Sequence[int | None], checkpoints: Sequence[int]) -> list[Plan]:
+        total = len(epochs)
+        last = total - 1
+        ends = [s for s in range(last) if epochs[s] is not None and epochs[s + 1] not in (None, epochs[s])]
+        inside = [s for s in range(1, last) if s not in ends and s - 1 not in ends]
+        if fault == "sigkill":  # resumes from the checkpoint the kill follows
+            ends = [c + 1 for c in checkpoints if c in ends and c + 1 < last]
+            inside = [c + 1 for c in checkpoints if c in inside and c + 1 < last]
+        plans = []
+        if inside:
+            plans.append(Plan((Preemption(inside[len(inside) // 3], fault),)))
+        if ends:
+            plans.append(Plan((Preemption(ends[0], fault),)))
+        if twice:
+            pair = _two_in_one_epoch(epochs, ends)
+            if pair:
+                plans.append(Plan(tuple(Preemption(s, fault) for s in pair)))
+        if rerun:
+            plans.append(Plan((Preemption(0, "rerun"),)))
+        return plans
+
+    return first
+
+
+def _two_in_one_epoch(epochs: Sequence[int | None], ends: Sequence[int]) -> tuple[int, int] | None:
+    """Two steps of one epoch, neither its last, at least two apart: a second resume inside the
+    epoch the first one resumed into."""
+    by_epoch: dict[object, list[int]] = {}
+    for step, epoch in enumerate(epochs[:-1]):
+        if step not in ends:
+            by_epoch.setdefault(epoch, []).append(step)
+    for steps in by_epoch.values():
+        if len(steps) >= 4:
+            return steps[1], steps[-1]
+    return None

@@ -21,6 +21,8 @@ from .trajectory import Attempt, RunRecord, StepRecord
 FINGERPRINT_HINTS = {
     "lr": "the learning rate differs: LR scheduler (or optimizer param groups) not restored?",
     "batch": "the batch differs: data order or position in the epoch not restored?",
+    "epoch": "the epoch counter differs: the job resumed into another epoch than this step belongs to (a "
+    "checkpoint written between two epochs?)",
     "rng": "the RNG state differs: python/numpy/torch RNG state not saved or not restored?",
     "opt": "the optimizer state differs: optimizer state (moments, step counts) not saved or not restored, "
     "or saved before the optimizer step finished?",

@@ -1,7 +1,7 @@
-"""What a new user of a framework does: a fresh venv with ``pip install spotchaos "transformers[torch]"`` (the Trainer needs accelerate), a
-training script with its one integration line, a job table of three keys, and ``pytest --spotchaos``
-runs every built-in scenario on it, from the installed package, with no file of this repository
-copied beside it."""
+"""What a new user of a framework does: a fresh venv with ``pip install spotchaos
+"transformers[torch]"`` (the Trainer needs accelerate), a training script with its one integration
+line, a job table of three keys, and ``pytest --spotchaos`` runs every built-in scenario on it, from
+the installed package, with no file of this repository copied beside it."""
 
 from __future__ import annotations
 

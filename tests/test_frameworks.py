@@ -15,6 +15,7 @@ from spotchaos.config import load_settings
 from spotchaos.integrations._report import loss_of, tensors_in
 from spotchaos.plan import Plan
 from spotchaos.runner import ChaosFailure
+from spotchaos.strategies import resumes_across_epochs
 
 from .helpers import ROOT
 
@@ -116,3 +117,23 @@ def test_an_integration_outside_spotchaos_is_a_no_op(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["accelerate-out"]
     assert [p.name for p in (tmp_path / "accelerate-out").iterdir()] == []  # 3 steps: no checkpoint due
+
+
+def test_lightning_own_sigterm_checkpoint_at_an_epoch_end_is_named_as_the_cause(runner):
+    """Lightning 2.6.6: the on-exception checkpoint of a notice on an epoch's last batch resumes into
+    the wrong epoch (docs/frameworks.md); the correct job saves its own at the end of the step."""
+    message = failure_of(runner, job("lightning", "--sigterm", "on-exception"), "sigterm@6")
+    line = next(x for x in message.splitlines() if "diverged" in x)
+    assert "cause: Lightning wrote this checkpoint after epoch 0 ended and before the next began" in line, line
+    verdict = runner.check(job("lightning"), Plan.parse("sigterm@6"))
+    assert verdict.passed, verdict.message()
+
+
+@pytest.mark.unit
+def test_first_plans_aim_at_epoch_ends_inside_epochs_and_twice_in_one_epoch():
+    epochs, checkpoints = [0] * 8 + [1] * 8 + [2] * 8, [5, 7, 11, 17, 23]
+    shown = [str(p) for p in resumes_across_epochs("sigterm", twice=True, rerun=True)(epochs, checkpoints)]
+    assert shown == ["sigterm@9", "sigterm@7", "sigterm@1,sigterm@6", "rerun@0"]
+    kills = [str(p) for p in resumes_across_epochs("sigkill")(epochs, checkpoints)]
+    assert kills == ["sigkill@12", "sigkill@8"]  # after the checkpoint inside epoch 1, after the one ending epoch 0
+    assert [str(p) for p in resumes_across_epochs("sigkill")([None] * 24, checkpoints)] == ["sigkill@8"]

@@ -110,12 +110,26 @@ class Report:
         shown = fingerprint(*tensors_in(batch)) if batch is not None else (fingerprint(*batches) if batches else None)
         return loss, shown
 
-    def step(self, step: int, loss: Any, *, model: Any = None, batch: str | None = None, lr: Any = None) -> None:
+    def step(
+        self,
+        step: int,
+        loss: Any,
+        *,
+        model: Any = None,
+        batch: str | None = None,
+        lr: Any = None,
+        epoch: int | None = None,
+        seconds: float | None = None,
+    ) -> None:
         """Step ``step`` (0-based) finished with ``loss``; fingerprints of its batch, the learning
-        rate and the weights after it go beside it."""
+        rate, the epoch it belongs to and the weights after it go beside it (the epochs also tell
+        the harness where epoch boundaries are, to aim resumes at them and inside them);
+        ``seconds`` is the step's training time, which checkpoint overhead is measured against."""
         if not self.enabled:
             return
         fingerprints: dict[str, Any] = {}
+        if epoch is not None:
+            fingerprints["epoch"] = int(epoch)
         if batch is not None:
             fingerprints["batch"] = batch
         if lr is not None:
@@ -123,7 +137,7 @@ class Report:
         if model is not None and self._fingerprint_weights(model):
             fingerprints["weights"] = fingerprint(*(p for _, p in sorted(model.state_dict().items())))
         self.last_step = step
-        self.probe.step(step, loss if loss is not None else float("nan"), fingerprints=fingerprints)
+        self.probe.step(step, loss if loss is not None else float("nan"), seconds=seconds, fingerprints=fingerprints)
 
     def _fingerprint_weights(self, model: Any) -> bool:
         if self.weights is None:

@@ -53,7 +53,9 @@ class Spotchaos:
         self.report = Report("accelerate", accelerate.__version__, weights=weights)
         self._loaded: str | None = None
         self._last: int | None = None
-        self._seconds = 0.0
+        self._seconds = 0.0  # the last save_state's
+        self._since = time.perf_counter()  # when the last step was reported (or the job set up)
+        self._saving = 0.0  # seconds spent in save_state since then
         save, load = accelerator.save_state, accelerator.load_state
 
         def save_state(output_dir: str | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -61,6 +63,7 @@ class Spotchaos:
             where = save(output_dir, *args, **kwargs)
             folder = str(where or output_dir)
             self._seconds = time.perf_counter() - started
+            self._saving += self._seconds
             if not os.path.basename(folder).startswith("."):  # a temporary name: reported once renamed
                 self.checkpoint(folder)
             return where
@@ -68,6 +71,7 @@ class Spotchaos:
         def load_state(input_dir: str | None = None, *args: Any, **kwargs: Any) -> Any:
             result = load(input_dir, *args, **kwargs)
             self._loaded = str(input_dir) if input_dir is not None else None
+            self._since, self._saving = time.perf_counter(), 0.0  # restoring is not training
             return result
 
         accelerator.save_state, accelerator.load_state = save_state, load_state
@@ -79,7 +83,11 @@ class Spotchaos:
             self._loaded = None
         _, fingerprint = self.report.take(batch)
         unwrapped = self.accelerator.unwrap_model(model) if model is not None else None
-        self.report.step(step, loss, model=unwrapped, batch=fingerprint, lr=lr)
+        epoch = step // self.steps_per_epoch if self.steps_per_epoch else None
+        now = time.perf_counter()  # the step's time: since the last report, less the saves in between
+        seconds = max(0.0, now - self._since - self._saving)
+        self._since, self._saving = now, 0.0
+        self.report.step(step, loss, model=unwrapped, batch=fingerprint, lr=lr, epoch=epoch, seconds=seconds)
         self._last = step
 
     def _caveat(self, step: int) -> str | None:

@@ -91,6 +91,7 @@ class SpotchaosCallback(pl.Callback):
         self.report = Report(_NAME, pl.__version__, weights=weights)
         self._last_step: int | None = None
         self._loaded: dict[str, Any] | None = None
+        self._step_started: float | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         strategy = trainer.strategy
@@ -128,6 +129,10 @@ class SpotchaosCallback(pl.Callback):
             said.append(NOT_STATEFUL.format(epoch=trainer.current_epoch))
         return " ".join(said) or None
 
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self._step_started is None:  # the first micro-batch of a step
+            self._step_started = time.perf_counter()
+
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self._last_step:
             return  # a micro-batch of gradient accumulation: the step is not over
@@ -136,7 +141,17 @@ class SpotchaosCallback(pl.Callback):
         _, fingerprint = self.report.take(batch)
         optimizers = trainer.optimizers
         lr = optimizers[0].param_groups[0]["lr"] if optimizers else None
-        self.report.step(trainer.global_step - 1, loss, model=pl_module, batch=fingerprint, lr=lr)
+        started, self._step_started = self._step_started, None
+        seconds = time.perf_counter() - started if started is not None else None
+        self.report.step(
+            trainer.global_step - 1,
+            loss,
+            model=pl_module,
+            batch=fingerprint,
+            lr=lr,
+            epoch=trainer.current_epoch,
+            seconds=seconds,
+        )
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or trainer.interrupted or trainer.received_sigterm or not trainer.fit_loop.done:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 from typing import Any
@@ -82,7 +83,8 @@ class SpotchaosCallback(TrainerCallback):
 
     def __init__(self, *, weights: bool | None = None) -> None:
         self.report = Report("transformers", transformers.__version__, weights=weights)
-        self.clock = Stopwatch()
+        self.clock = Stopwatch()  # since the last step ended: a save's time
+        self.step_clock = Stopwatch()  # since the step began: its training time
         self.in_step = False
         self.saved: dict[int, float] = {}  # global_step -> seconds, of the saves on_save announced
 
@@ -96,6 +98,7 @@ class SpotchaosCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._found(args, state)
         self.in_step = True
+        self.step_clock.reset()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self._found(args, state)
@@ -105,7 +108,9 @@ class SpotchaosCallback(TrainerCallback):
         self._found(args, state)
         loss, batch = self.report.take()
         lr = lr_scheduler.get_last_lr()[0] if lr_scheduler is not None else None
-        self.report.step(state.global_step - 1, loss, model=model, batch=batch, lr=lr)
+        epoch = math.ceil(state.epoch) - 1 if state.epoch else None  # the epoch this step belonged to
+        seconds = self.step_clock.seconds()
+        self.report.step(state.global_step - 1, loss, model=model, batch=batch, lr=lr, epoch=epoch, seconds=seconds)
         self.clock.reset()  # a save, if any, follows this hook
 
     def on_save(self, args, state, control, **kwargs):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.strategies import preemption_plans
+from spotchaos.strategies import preemption_plans, resumes_across_epochs
 
 pytestmark = pytest.mark.spotchaos
 
@@ -17,15 +17,26 @@ pytestmark = pytest.mark.spotchaos
 def test_notice_then_resume_is_bit_exact(spotchaos, spotchaos_job):
     """One SIGTERM (to the main process, or to the whole group as a VM shutdown sends it)."""
     spotchaos.explore(
-        spotchaos_job, lambda steps: preemption_plans(steps, faults=("sigterm", "sigterm-group"), max_preemptions=1)
+        spotchaos_job,
+        lambda steps: preemption_plans(steps, faults=("sigterm", "sigterm-group"), max_preemptions=1),
+        first=resumes_across_epochs("sigterm"),  # from inside an epoch, and from its last step
     )
 
 
 def test_hard_kill_then_resume_is_bit_exact(spotchaos, spotchaos_job):
     """One SIGKILL without notice: the job resumes from its newest periodic checkpoint."""
-    spotchaos.explore(spotchaos_job, lambda steps: preemption_plans(steps, faults=("sigkill",), max_preemptions=1))
+    spotchaos.explore(
+        spotchaos_job,
+        lambda steps: preemption_plans(steps, faults=("sigkill",), max_preemptions=1),
+        first=resumes_across_epochs("sigkill"),  # from a checkpoint inside an epoch, and one at its end
+    )
 
 
 def test_chained_preemptions_are_bit_exact(spotchaos, spotchaos_job):
-    """Two or three preemptions of any kind in one run, including during replayed steps."""
-    spotchaos.explore(spotchaos_job, lambda steps: preemption_plans(steps, min_preemptions=2, max_preemptions=3))
+    """Two or three preemptions of any kind in one run, including during replayed steps; first a
+    second resume inside the epoch the first resumed into, and a restart after the job finished."""
+    spotchaos.explore(
+        spotchaos_job,
+        lambda steps: preemption_plans(steps, min_preemptions=2, max_preemptions=3),
+        first=resumes_across_epochs("sigterm", twice=True, rerun=True),
+    )
