@@ -403,6 +403,8 @@ class LogEventReader:
                 info = os.lstat(path)
             except FileNotFoundError:
                 continue
+            if stat.S_ISDIR(info.st_mode):
+                raise ConfigError(_folder_glob(self.spec.checkpoints, path.name, self.spec.where))
             signature = (info.st_mtime_ns, info.st_size)
             if not stat.S_ISREG(info.st_mode) or signature in (self._seen_files.get(path), self._unreadable.get(path)):
                 continue  # a link is never followed: its target, if it is a checkpoint, counts itself
@@ -601,3 +603,13 @@ def final_state(
             f"job {job!r}: {path.name} holds a {summary.get('holds') or 'value'}, not a state dict: set final_key"
         )
     return summary["digests"], summary.get("step")
+
+
+def _folder_glob(pattern: str, folder: str, where: str) -> str:
+    """The one message for a checkpoint glob that matches folders: tracking nothing would pass
+    every scenario without testing one."""
+    return (
+        f"{where}.checkpoints = {pattern!r} matches the folder {folder}/: the log adapter reads checkpoint files. "
+        f"Name a file inside each, e.g. '{pattern}/model.safetensors' (with checkpoint_complete for the file the "
+        "job writes last), or gate a Trainer, Lightning or accelerate job with its integration (docs/frameworks.md)"
+    )

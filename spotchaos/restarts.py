@@ -16,9 +16,8 @@ from pathlib import Path
 
 from .config import JobSpec
 from .safefs import UnsafeFile, open_beneath
+from .state_formats import PICKLE_MAGIC, TORCH_SUFFIXES, ZIP_MAGIC
 from .trajectory import Attempt, FaultRecord
-
-PICKLE_MAGIC = b"\x80"  # torch.save's legacy (non-zip) format starts with a pickle protocol byte
 
 
 def fault_text(fault: FaultRecord) -> str:
@@ -47,12 +46,14 @@ def torn_files(job: JobSpec, checkpoints: Path) -> list[tuple[str, str]]:
             if size == 0:
                 torn.append((path.name, "0 bytes"))
                 continue
-            head = f.read(1)
+            head = f.read(4)
             f.seek(0)
+            if not path.name.lower().endswith(TORCH_SUFFIXES) and head != ZIP_MAGIC:
+                continue  # safetensors, JSON, a format of the job's own: not a torch.save archive to judge
             try:
                 zipfile.ZipFile(f).close()
             except zipfile.BadZipFile:
-                if head != PICKLE_MAGIC:  # a legacy pickle cannot be told whole from torn without loading
+                if head[:1] != PICKLE_MAGIC:  # a legacy pickle cannot be told whole from torn without loading
                     torn.append((path.name, f"{size} bytes, not a whole torch.save archive (cut short)"))
     return torn
 
@@ -66,6 +67,16 @@ def diagnose(
     fault = previous.fault
     after = f", the restart after {fault_text(fault)}," if fault is not None else ", a restart,"
     head = f"attempt {attempt.index}{after} exited with status {attempt.exit_code} before its first step"
+    damage = previous.damage
+    if damage is not None and damage.applied and damage.makes_unloadable:  # the harness's own, on purpose
+        touched = Path(damage.checkpoint).name + (f"/{damage.file}" if damage.file else "")
+        return (
+            f"{head}: the planned damage ({damage.fault} on {touched}"
+            + (f", {damage.detail}" if damage.detail else "")
+            + ") made the restart fail instead of roll back: verify a checkpoint before loading it (checksums "
+            "written after the save) and resume from the newest one that verifies, saying so (probe.rollback)"
+            + _stderr(attempt)
+        )
     torn = torn_files(job, checkpoints)
     glob = job.log.checkpoints if job.log is not None else None
     if torn:

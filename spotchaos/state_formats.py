@@ -24,8 +24,8 @@ from .safefs import open_beneath
 
 JSON_BYTES = 64 << 20  # a JSON state file larger than this is compared as bytes
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
-ZIP_MAGIC = b"PK\x03\x04"
-PICKLE_MAGIC = b"\x80"
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip format
+PICKLE_MAGIC = b"\x80"  # torch.save's legacy (non-zip) format starts with a pickle protocol byte
 
 
 class AsBytes(Exception):

@@ -137,3 +137,11 @@ def test_first_plans_aim_at_epoch_ends_inside_epochs_and_twice_in_one_epoch():
     kills = [str(p) for p in resumes_across_epochs("sigkill")(epochs, checkpoints)]
     assert kills == ["sigkill@12", "sigkill@8"]  # after the checkpoint inside epoch 1, after the one ending epoch 0
     assert [str(p) for p in resumes_across_epochs("sigkill")([None] * 24, checkpoints)] == ["sigkill@8"]
+
+
+def test_a_trainer_resuming_the_docs_way_fails_on_the_planned_damage_and_the_message_says_so(runner):
+    """get_last_checkpoint verifies nothing: a truncated newest checkpoint makes the restart fail.
+    The message blames the missing verification, not a kill inside the job's own write."""
+    message = failure_of(runner, job("hf-trainer", "--unverified"), "sigterm@12:truncate-zero")
+    assert "exited with status 1 before its first step: the planned damage (truncate-zero on checkpoint-" in message
+    assert "made the restart fail instead of roll back" in message and "torn checkpoint" not in message, message

@@ -88,3 +88,23 @@ def test_loss_that_does_not_parse_is_one_clear_message(runner):
         JobError, match=r"job 'garbled': .*pattern matched 'step 0 loss 1.2.3' but its loss group '1.2.3'"
     ):
         runner.reference(job)
+
+
+def test_a_checkpoint_glob_that_matches_folders_is_refused_not_silently_empty(runner, tmp_path):
+    """accelerate's and transformers' checkpoints are folders: a glob naming them must not pass
+    every scenario while tracking no checkpoint."""
+    code = (
+        "import os, sys, time\n"
+        "out = sys.argv[1]\n"
+        "for step in range(6):\n"
+        "    print(f'step {step} loss {1.0 / (step + 1)}', flush=True)\n"
+        "    if step % 2 == 1: os.makedirs(os.path.join(out, f'step_{step}'), exist_ok=True)\n"
+        "    time.sleep(0.3)\n"
+    )
+    job = job_from_mapping(
+        "folders",
+        {"command": [sys.executable, "-c", code, "{checkpoint_dir}"], "log": {"checkpoints": "step_*"}},
+        "pyproject.toml",
+    )
+    with pytest.raises(ConfigError, match=r"log\.checkpoints = 'step_\*' matches the folder step_1/: the log adapter"):
+        runner.reference(job)
