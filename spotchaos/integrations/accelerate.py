@@ -56,6 +56,7 @@ class Spotchaos:
         self._seconds = 0.0  # the last save_state's
         self._since = time.perf_counter()  # when the last step was reported (or the job set up)
         self._saving = 0.0  # seconds spent in save_state since then
+        self._model: tuple[Any, Any] | None = None  # (the model handed in, unwrapped)
         save, load = accelerator.save_state, accelerator.load_state
 
         def save_state(output_dir: str | None = None, *args: Any, **kwargs: Any) -> Any:
@@ -82,13 +83,19 @@ class Spotchaos:
             self.report.resume(step - 1, self._loaded, caveat=self._caveat(step))
             self._loaded = None
         _, fingerprint = self.report.take(batch)
-        unwrapped = self.accelerator.unwrap_model(model) if model is not None else None
+        unwrapped = self._unwrapped(model) if model is not None and self.report.weights is not False else None
         epoch = step // self.steps_per_epoch if self.steps_per_epoch else None
         now = time.perf_counter()  # the step's time: since the last report, less the saves in between
         seconds = max(0.0, now - self._since - self._saving)
         self._since, self._saving = now, 0.0
         self.report.step(step, loss, model=unwrapped, batch=fingerprint, lr=lr, epoch=epoch, seconds=seconds)
         self._last = step
+
+    def _unwrapped(self, model: Any) -> Any:
+        """The model under accelerate's wrappers (the same object each step: asked once)."""
+        if self._model is None or self._model[0] is not model:
+            self._model = (model, self.accelerator.unwrap_model(model))
+        return self._model[1]
 
     def _caveat(self, step: int) -> str | None:
         said = []

@@ -132,7 +132,10 @@ class SpotchaosCallback(TrainerCallback):
 
     def _found(self, args, state) -> None:
         """Report each whole checkpoint not reported yet: those ``on_save`` announced, and those it
-        never does (the JIT checkpoint's)."""
+        never does (the JIT checkpoint's). Looks only when there can be one: a save announced, or
+        the JIT checkpoint on."""
+        if not self.report.enabled or not (self.saved or args.enable_jit_checkpoint):
+            return
         for folder, step in self._checkpoints(args):
             if f"{os.path.abspath(folder)}@{step - 1}" in self.report.reported:
                 continue
