@@ -29,9 +29,10 @@ _LIGHTNING = (
 )
 
 STATE_DIFF_IGNORE: dict[str, tuple[str, ...]] = {
-    # trainer_state.json's timings are caught by name (train_runtime, ...); what else differs is a
-    # path of the run's own (best_model_checkpoint), which compares as {run}
-    "transformers": (),
+    # trainer_state.json's timings are caught by name (train_runtime, ...) and a path of the run's
+    # own (best_model_checkpoint) compares as {run}; TrainerControl's flags say what the loop was
+    # asked to do at that moment (a SIGTERM save also says "stop"), not state a resume restores
+    "transformers": ("trainer_state.json:stateful_callbacks.TrainerControl.*",),
     "lightning": _LIGHTNING,
     "pytorch_lightning": _LIGHTNING,
     "accelerate": (),

@@ -14,7 +14,7 @@ from .helpers import FIXTURES, ROOT
 
 JOB_TABLE = """\
 [tool.spotchaos.jobs.train]
-command = ["python", "train.py", "--max-steps", "12", "--save-steps", "4"]
+command = ["python", "train.py", "--max-steps", "12", "--save-steps", "4", "--step-seconds", "0.25"]
 framework = "transformers"
 grace_seconds = 20
 """
