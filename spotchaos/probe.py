@@ -220,10 +220,21 @@ class Probe:
             fields["fp"] = {str(k): _fingerprint_value(v) for k, v in fingerprints.items()}
         self.emit("step", **fields)
 
-    def checkpoint(self, step: int, *, seconds: float, nbytes: int, uri: str, reason: str = "periodic") -> None:
+    def checkpoint(
+        self,
+        step: int,
+        *,
+        seconds: float,
+        nbytes: int,
+        uri: str,
+        reason: str = "periodic",
+        caveat: str | None = None,
+    ) -> None:
         """A checkpoint holding the state *after* step ``step`` is durable at ``uri``.
 
-        ``reason`` is ``periodic`` or ``preemption`` (written because of SIGTERM).
+        ``reason`` is ``periodic`` or ``preemption`` (written because of SIGTERM). ``caveat``: what
+        the trainer knows this checkpoint lacks (no RNG state, written mid-step); the verdict gives
+        it as the cause when a resume from it diverges.
         """
         self.emit(
             "checkpoint",
@@ -233,6 +244,7 @@ class Probe:
             uri=uri,
             reason=reason,
             memory=memory_peaks(),
+            **({"caveat": str(caveat)} if caveat else {}),
         )
 
     def checkpoint_failed(self, step: int, *, seconds: float, reason: str) -> None:
@@ -249,9 +261,10 @@ class Probe:
         """
         self.emit("notice", signal=int(signum))
 
-    def resume(self, from_step: int, uri: str) -> None:
-        """Training continues after step ``from_step``, restored from ``uri``."""
-        self.emit("resume", from_step=int(from_step), uri=uri)
+    def resume(self, from_step: int, uri: str, *, caveat: str | None = None) -> None:
+        """Training continues after step ``from_step``, restored from ``uri``; ``caveat`` as for
+        :meth:`checkpoint`, of this resume (a position the framework did not restore)."""
+        self.emit("resume", from_step=int(from_step), uri=uri, **({"caveat": str(caveat)} if caveat else {}))
 
     def rollback(self, skipped_uri: str, reason: str) -> None:
         """A checkpoint newer than the one resumed from was skipped because it did not verify."""

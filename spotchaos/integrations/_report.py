@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..probe import Probe, fingerprint, memory_peaks
+from ..probe import Probe, fingerprint
 
 # Digesting every weight after every step costs about one read of the model: free for the tiny
 # configurations a CI gate trains, not for a real one (the final digests still compare those).
@@ -152,23 +152,12 @@ class Report:
         if not self.enabled or f"{path}@{step}" in self.reported:
             return
         self.reported.add(f"{path}@{step}")  # a name saved again (Lightning's last.ckpt) is a new checkpoint
-        extra = {"caveat": caveat} if caveat else {}
-        self.probe.emit(
-            "checkpoint",
-            step=int(step),
-            seconds=float(seconds),
-            bytes=folder_bytes(path),
-            uri=path,
-            reason=reason,
-            memory=memory_peaks(),
-            **extra,
-        )
+        self.probe.checkpoint(step, seconds=seconds, nbytes=folder_bytes(path), uri=path, reason=reason, caveat=caveat)
 
     def resume(self, from_step: int, path: str, *, caveat: str | None = None) -> None:
         """Training goes on after ``from_step``, restored from ``path``."""
         self.reported.add(f"{os.path.abspath(path)}@{from_step}")
-        extra = {"caveat": caveat} if caveat else {}
-        self.probe.emit("resume", from_step=int(from_step), uri=os.path.abspath(path), **extra)
+        self.probe.resume(from_step, os.path.abspath(path), caveat=caveat)
 
     def final(self, model: Any, step: int) -> None:
         """Training finished after ``step``: the digests of the weights."""
