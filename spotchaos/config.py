@@ -256,8 +256,9 @@ class Settings:
     """Project-wide options from ``[tool.spotchaos]``."""
 
     output: str = "spotchaos-report"
-    # the scenarios that ship in the package (spotchaos/scenarios) run on every declared job
-    builtin: bool = True
+    # the scenarios that ship in the package (spotchaos/scenarios) on every declared job: True always,
+    # False never, None (the default) when the project has no spotchaos scenario of its own
+    builtin: bool | None = None
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
     services: tuple[Any, ...] = field(default_factory=tuple)  # ServiceSpec (spotchaos.serving.spec)
 
@@ -445,8 +446,8 @@ def load_settings(pyproject: Path) -> Settings:
     output = table.get("output", Settings.output)
     if not isinstance(output, str) or not output:
         raise ConfigError(f"{pyproject} [tool.spotchaos].output: must be a non-empty string")
-    builtin = table.get("builtin", True)
-    if not isinstance(builtin, bool):
+    builtin = table.get("builtin")
+    if builtin is not None and not isinstance(builtin, bool):
         raise ConfigError(f"{pyproject} [tool.spotchaos].builtin: must be true or false, got {builtin!r}")
     jobs_table = table.get("jobs", {})
     if not isinstance(jobs_table, Mapping):

@@ -78,7 +78,7 @@ def _declared_jobs(config: pytest.Config) -> Settings:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"job {duplicates[0]!r} is declared twice (pyproject.toml and pytest_spotchaos_jobs?)")
-    return Settings(output=settings.output, jobs=(*settings.jobs, *extra), services=settings.services)
+    return replace(settings, jobs=(*settings.jobs, *extra))
 
 
 BUILTIN = Path(__file__).resolve().parent / "scenarios"
@@ -87,8 +87,9 @@ BUILTIN = Path(__file__).resolve().parent / "scenarios"
 def _add_builtin_scenarios(config: pytest.Config, settings: Settings) -> None:
     """The package's own scenarios join what pytest collects, so a project that declares a job has
     the whole gate with nothing copied; not when the run names test files (or node ids) only, a
-    --pyargs selection, or ``[tool.spotchaos] builtin = false``."""
-    if not settings.builtin or config.option.pyargs:
+    --pyargs selection, or ``[tool.spotchaos] builtin = false``. With ``builtin`` unset they are
+    dropped again at collection when the project has scenarios of its own (``_own_scenarios``)."""
+    if settings.builtin is False or config.option.pyargs:
         return
     given = [a for a in config.args if not a.startswith("-")]
     if (
@@ -100,6 +101,16 @@ def _add_builtin_scenarios(config: pytest.Config, settings: Settings) -> None:
     if any(Path(a.split("::")[0]).resolve() in (BUILTIN, *BUILTIN.parents) for a in given if "::" not in a):
         return  # already collected through a folder above it (a run from the spotchaos checkout)
     config.args.append(str(BUILTIN))
+
+
+def _own_scenarios(items: list[pytest.Item]) -> bool:
+    """Whether the session collected a spotchaos scenario outside the built-in ones."""
+    for item in items:
+        if Path(str(item.path)).resolve().is_relative_to(BUILTIN):
+            continue
+        if item.get_closest_marker("spotchaos") or {"spotchaos", "spotchaos_job"} & set(item.fixturenames):
+            return True
+    return False
 
 
 def start(config: pytest.Config) -> None:
@@ -271,6 +282,16 @@ class _Collector:
             text = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
             report.longrepr = visible(redact(text, matcher))  # the terminal and JUnit XML show it
         return report
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """``builtin`` unset: the built-in scenarios are the gate of a project without scenarios of
+        its own; beside its own they run only with ``builtin = true``."""
+        if self.state.settings.builtin is not None or not _own_scenarios(items):
+            return
+        builtin = [i for i in items if Path(str(i.path)).resolve().is_relative_to(BUILTIN)]
+        if builtin:
+            config.hook.pytest_deselected(items=builtin)
+            items[:] = [i for i in items if i not in builtin]
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         state = self.state

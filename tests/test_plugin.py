@@ -274,3 +274,33 @@ nproc_per_node = 2
     listed = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-image=some/image:1", "--collect-only", "-q")
     assert listed.ret == 0, listed.stdout.str() + listed.stderr.str()
     listed.stdout.fnmatch_lines(["test_s.py::test_resume[[]ref[]]", "test_s.py::test_resume[[]ranks[]]"])
+
+
+BUILT_IN = [  # node ids relative to the package's scenarios folder
+    "test_budgets.py::test_checkpoint_overhead_within_budget[[]ref[]]",
+    "test_checkpoint_damage.py::test_damaged_newest_checkpoint_rolls_back[[]ref[]]",
+    "test_preemption.py::test_chained_preemptions_are_bit_exact[[]ref[]]",
+]
+
+
+def test_a_project_that_only_declares_a_job_gets_the_built_in_scenarios(pytester):
+    """Nothing copied: the scenarios that ship in the package are collected for the declared job."""
+    pytester.makefile(".toml", pyproject=pyproject())
+    listed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q")
+    assert listed.ret == 0, listed.stdout.str() + listed.stderr.str()
+    listed.stdout.fnmatch_lines(BUILT_IN, consecutive=False)
+    assert "8 tests collected" in listed.stdout.str()
+    off = pytester.runpytest_subprocess("--collect-only", "-q")  # without --spotchaos: nothing of spotchaos
+    assert "test_preemption.py" not in off.stdout.str()
+
+
+@pytest.mark.parametrize(("setting", "built_in"), [("", False), ("builtin = true", True), ("builtin = false", False)])
+def test_built_in_scenarios_beside_a_project_own_run_only_when_asked(pytester, setting, built_in):
+    pytester.makefile(".toml", pyproject=pyproject().replace('output = "out"', f'output = "out"\n{setting}'))
+    pytester.makepyfile(test_s=SCENARIO)
+    listed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q")
+    assert listed.ret == 0, listed.stdout.str() + listed.stderr.str()
+    listed.stdout.fnmatch_lines(["test_s.py::test_resume[[]ref[]]"])
+    assert ("test_preemption.py::" in listed.stdout.str()) is built_in, listed.stdout.str()
+    named = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q", "test_s.py")  # a file named: only it
+    assert "test_preemption.py::" not in named.stdout.str()
