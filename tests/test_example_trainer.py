@@ -16,13 +16,14 @@ def test_the_example_trainer_passes_the_built_in_preemption_and_damage_scenarios
         f'command = ["python", "{example}", "--steps", "24", "--checkpoint-every", "6"]\n'
         "grace_seconds = 20\n"
     )
-    scenarios = [str(ROOT / "scenarios" / name) for name in ("test_preemption.py", "test_checkpoint_damage.py")]
+    builtin = ROOT / "spotchaos" / "scenarios"
+    scenarios = [str(builtin / name) for name in ("test_preemption.py", "test_checkpoint_damage.py")]
     result = run_pytest(
         tmp_path,
         "-c",
         str(tmp_path / "pyproject.toml"),
         f"--rootdir={tmp_path}",
-        f"--confcutdir={ROOT / 'scenarios'}",
+        f"--confcutdir={builtin}",
         "--spotchaos",
         "--spotchaos-examples=1",
         *scenarios,
