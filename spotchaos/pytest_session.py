@@ -135,7 +135,8 @@ def start(config: pytest.Config) -> None:
             settings=settings,
         )
     except ConfigError as exc:
-        raise pytest.UsageError(f"spotchaos: {exc}") from None
+        where = "" if "settings" in locals() and settings.jobs else f" (jobs read from {_pyproject(config)})"
+        raise pytest.UsageError(f"spotchaos: {exc}{where}") from None
     worker_seed = getattr(config, "workerinput", {}).get("spotchaos_seed")
     if worker_seed is not None:  # an xdist worker searches with the controller's seed
         options = replace(options, seed=worker_seed)
