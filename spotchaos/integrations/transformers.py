@@ -25,7 +25,6 @@ for a save at the end of the current step and stops there (docs/frameworks.md).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -35,13 +34,12 @@ from typing import Any
 import transformers
 from transformers import TrainerCallback
 
-from ..probe import Probe
 from ._report import Report, Stopwatch
+from .verified import newest_verified, write_checksums
 
 __all__ = ["SaveOnSigterm", "SpotchaosCallback", "VerifiedCheckpoints", "last_verified_checkpoint"]
 
 STATE_FILE = "trainer_state.json"
-MANIFEST = "checksums.json"  # VerifiedCheckpoints' sha256 of every other file of a checkpoint
 INCOMPLETE = "checkpoint-is-incomplete.txt"  # the JIT checkpoint's sentinel while it writes
 PREFIX = "checkpoint-"
 MID_STEP = (
@@ -179,14 +177,6 @@ class SaveOnSigterm(TrainerCallback):
         return control
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class VerifiedCheckpoints(TrainerCallback):
     """After each save, a sha256 of every file of ``checkpoint-N`` in ``checksums.json``, written
     whole (a temporary file, fsynced, renamed): the Trainer verifies nothing it loads, so a torn or
@@ -195,37 +185,8 @@ class VerifiedCheckpoints(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         folder = os.path.join(args.output_dir, f"{PREFIX}{state.global_step}")
-        if not os.path.isdir(folder):
-            return
-        sums = {
-            name: _sha256(os.path.join(folder, name))
-            for name in sorted(os.listdir(folder))
-            if name != MANIFEST and os.path.isfile(os.path.join(folder, name))
-        }
-        partial = os.path.join(folder, f".{MANIFEST}.partial")
-        with open(partial, "w") as f:
-            json.dump(sums, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, os.path.join(folder, MANIFEST))
-
-
-def _verify(folder: str) -> str | None:
-    """Why ``folder`` is not a checkpoint to resume from, or None when every file matches."""
-    try:
-        with open(os.path.join(folder, MANIFEST)) as f:
-            sums = json.load(f)
-    except (OSError, ValueError):
-        return f"no readable {MANIFEST}: its save did not finish"
-    if not isinstance(sums, dict) or STATE_FILE not in sums:
-        return f"{MANIFEST} does not list {STATE_FILE}"
-    for name, digest in sums.items():
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            return f"{name} is missing"
-        if _sha256(path) != digest:
-            return f"{name} does not match its sha256"
-    return None
+        if os.path.isdir(folder):
+            write_checksums(folder)
 
 
 def last_verified_checkpoint(output_dir: str) -> str | None:
@@ -236,14 +197,5 @@ def last_verified_checkpoint(output_dir: str) -> str | None:
         names = [n for n in os.listdir(output_dir) if n.startswith(PREFIX) and n[len(PREFIX) :].isdigit()]
     except OSError:
         return None
-    probe = Probe.from_env()
-    try:
-        for name in sorted(names, key=lambda n: int(n[len(PREFIX) :]), reverse=True):
-            folder = os.path.join(output_dir, name)
-            problem = _verify(folder)
-            if problem is None:
-                return folder
-            probe.rollback(os.path.abspath(folder), problem)
-        return None
-    finally:
-        probe.close()
+    newest_first = sorted(names, key=lambda n: int(n[len(PREFIX) :]), reverse=True)
+    return newest_verified((os.path.join(output_dir, n) for n in newest_first), required=STATE_FILE)
