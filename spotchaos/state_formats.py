@@ -60,7 +60,8 @@ def load_state(path: Path) -> tuple[str, Any]:
         return "numpy", _numpy(path)
     if name.endswith(".json"):
         return "json", _json(path)
-    if name.endswith(TORCH_SUFFIXES) or _head(path, 4) in (ZIP_MAGIC,) or _head(path, 1) == PICKLE_MAGIC:
+    head = b"" if name.endswith(TORCH_SUFFIXES) else _head(path, len(ZIP_MAGIC))
+    if name.endswith(TORCH_SUFFIXES) or head == ZIP_MAGIC or head[:1] == PICKLE_MAGIC:
         return "torch", _torch(path)
     raise AsBytes(f"{path.name}: no format of its own is read here")
 

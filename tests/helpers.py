@@ -83,3 +83,19 @@ def plain_job(script: str = "plain_train", steps: int = 20, log: dict | None = N
     return job_from_mapping(
         script, {"command": command, "resume_args": ["--resume"], "log": log or PLAIN_LOG, **table}, "pyproject.toml"
     )
+
+
+def fresh_venv(where: Path, *requirements: str, env: dict, timeout: float = 1200) -> str:
+    """A new venv at ``where`` with ``requirements`` pip-installed (what a new user does): its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
+    python = str(where / "bin" / "python")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", *requirements],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
+    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
+    return python

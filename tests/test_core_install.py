@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
-from .helpers import ROOT
+from .helpers import ROOT, fresh_venv
 
 TRAINER = """
     import json, os, signal, time
@@ -53,17 +52,7 @@ def test_the_core_install_has_no_heavy_package_and_gates_a_probe_only_job(tmp_pa
         k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY")
     }  # the installed copy only
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env=env,
-    )
-    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
+    python = fresh_venv(venv, str(ROOT), env=env, timeout=900)
     heavy = ("torch", "moto", "boto3", "matplotlib", "jinja2", "docker", "numpy", "pytest_benchmark")
     probe = f"import importlib.util as u; print([m for m in {heavy!r} if u.find_spec(m)])"
     found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True, timeout=60, env=env)

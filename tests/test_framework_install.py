@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
-from .helpers import FIXTURES, ROOT
+from .helpers import FIXTURES, ROOT, fresh_venv
 
 JOB_TABLE = """\
 [tool.spotchaos.jobs.train]
@@ -32,18 +31,7 @@ BUILTIN = {  # every scenario that ships in spotchaos/scenarios, on the one decl
 
 def test_a_trainer_job_in_a_fresh_venv_gets_every_built_in_scenario(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY", "CI")}
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    install = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "torch==2.13.0", str(ROOT), "transformers[torch]==5.24.0"],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
-        env=env,
-    )
-    assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
+    python = fresh_venv(tmp_path / "venv", "torch==2.13.0", str(ROOT), "transformers[torch]==5.24.0", env=env)
 
     project = tmp_path / "project"
     project.mkdir()

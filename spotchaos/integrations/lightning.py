@@ -90,7 +90,6 @@ class SpotchaosCallback(pl.Callback):
     def __init__(self, *, weights: bool | None = None) -> None:
         self.report = Report(_NAME, pl.__version__, weights=weights)
         self._last_step: int | None = None
-        self._loaded: dict[str, Any] | None = None
         self._step_started: float | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -111,9 +110,6 @@ class SpotchaosCallback(pl.Callback):
                 )
 
         strategy.save_checkpoint = save_checkpoint  # the instance's: every save of this fit ends here
-
-    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
-        self._loaded = checkpoint
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.ckpt_path and trainer.global_step > 0:
