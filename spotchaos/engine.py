@@ -27,6 +27,16 @@ from .config import JobSpec
 from .errors import JobError
 from .events import EventReader
 from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
+from .hold import (
+    ENV_HOLD_PATTERN,
+    ENV_HOLD_PRINTED,
+    ENV_HOLD_PROBE,
+    ENV_HOLD_SKIP,
+    ENV_HOLD_STREAM,
+    PROBE_FILE,
+    Hold,
+)
+from .landing import settle
 from .leftovers import LiveJobs
 from .logadapter import LogEventReader, StepConvention
 from .notices import MetadataNotice, channel
@@ -87,13 +97,16 @@ class _AttemptWatch:
         self,
         job: JobSpec,
         handle: Handle,
-        reader: EventReader,
+        reader: EventReader | LogEventReader,
         preemption: Preemption | None,
         preempt_when: Callable[[], bool] | None = None,
         on_checkpoint: Callable[[dict], None] | None = None,
         metadata: MetadataNotice | None = None,
+        hold: Hold | None = None,
     ):
         self.job = job
+        self.hold = hold  # the job waits after the planned step until the fault is delivered
+        self.release_by: float | None = None  # a notice forwarded by torchrun's agent: release once it arrived
         self.metadata = metadata  # a cloud notice's instance metadata, served for this attempt
         self.on_checkpoint = on_checkpoint
         self.preempt_when = preempt_when
@@ -114,6 +127,7 @@ class _AttemptWatch:
             now = time.monotonic()
             self._consume(now)
             self._maybe_preempt(now)
+            self._maybe_release(now)
             code = self.handle.poll()
             if code is not None:
                 self.exit_code = code
@@ -124,8 +138,8 @@ class _AttemptWatch:
             self._enforce_deadlines(now)
             time.sleep(POLL_SECONDS)
 
-    def _consume(self, now: float) -> None:
-        new = self.reader.read_new()
+    def _consume(self, now: float, new: list[dict] | None = None) -> None:
+        new = self.reader.read_new() if new is None else new
         if not new:
             return
         if self.first_event_at is None:
@@ -136,6 +150,8 @@ class _AttemptWatch:
             rank = event.get("rank", 0)
             if event["event"] == "step" and rank == 0:  # rank 0's steps time the plan's faults
                 self.last_step = event["step"]
+            elif event["event"] == "notice" and self.hold is not None and rank == self.hold.rank:
+                self.release_by = now  # the held rank has the forwarded notice: it may go on
             elif event["event"] == "checkpoint" and self.on_checkpoint is not None:
                 self.on_checkpoint(event)
             if ranks is not None and isinstance(rank, int):
@@ -151,6 +167,8 @@ class _AttemptWatch:
             return  # the job runs to its end; run_job starts it again
         if self.preempt_when is not None and not self.preempt_when():
             return
+        if isinstance(self.reader, LogEventReader):  # the checkpoints on disk now came before the fault
+            self._consume(now, self.reader.look_now())
         fault = PREEMPTIONS[p.fault]
         fault.apply(self.handle)
         if self.metadata is not None:  # the notice goes up on the metadata; the deadline is the grace window's end
@@ -165,6 +183,17 @@ class _AttemptWatch:
             grace_seconds=self.job.grace_seconds if fault.graceful else None,
             detail=getattr(self.handle, "delivery_note", ""),  # what the notice met on its way in
         )
+        if self.hold is not None:
+            forwarded = fault.graceful and self.job.launcher == "torchrun"  # the agent passes it on, later
+            self.release_by = now + min(5.0, float(self.job.grace_seconds or 30.0) / 2) if forwarded else now
+            self._maybe_release(now)
+
+    def _maybe_release(self, now: float) -> None:
+        """Let the held job go on once its fault is delivered (a notice torchrun's agent forwards:
+        once the held rank reports it, or after a few seconds)."""
+        if self.hold is not None and self.release_by is not None and now >= self.release_by:
+            self.hold.release()
+            self.release_by = None
 
     def _enforce_deadlines(self, now: float) -> None:
         if self.fault is not None and self.delivered_at is not None:
@@ -378,8 +407,11 @@ def _run_attempt(
     scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-")) if job.container is None else None
     env = {**backend.inherited_environment(), **job.environment()}
     crash_at = preemption.fs_event if preemption is not None else None
-    if crash_at is not None or options.trace_fs:
+    hold = _arm_hold(job, preemption, options, folder)
+    hooked = crash_at is not None or options.trace_fs or (hold is not None and job.log is not None)
+    if hooked:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
+    if crash_at is not None or options.trace_fs:
         env["SPOTCHAOS_CRASH_ROOT"] = str(checkpoints)
         env["SPOTCHAOS_CRASH_LOG"] = str(folder / FS_EVENTS)
         env["SPOTCHAOS_CRASH_AT"] = str(crash_at or 0)
@@ -399,6 +431,10 @@ def _run_attempt(
         env["TMPDIR"] = str(scratch)
     if job.exactness == "envelope" and job.log is None:
         env[ENV_FINAL_TENSORS] = str(folder / FINAL_TENSORS)  # the probe saves the weights themselves
+    if hold is not None:
+        env.update(hold.environment())
+        if job.log is not None:
+            env.update(_hook_hold_environment(job, hold, options.convention))
     metadata = None
     fault = PREEMPTIONS[preemption.fault] if preemption is not None and preemption.fault in PREEMPTIONS else None
     if getattr(fault, "metadata", None):
@@ -417,7 +453,7 @@ def _run_attempt(
         stderr_path=folder / "stderr.log",
         grace_seconds=float(job.grace_seconds or 30.0),
         writable=(workdir,),
-        readable=(CRASHPOINT_DIR,) if crash_at is not None or options.trace_fs else (),
+        readable=(CRASHPOINT_DIR, PROBE_FILE) if hooked else (),
     )
     reader: EventReader | LogEventReader
     if job.log is not None:
@@ -437,6 +473,8 @@ def _run_attempt(
             shutil.rmtree(scratch, ignore_errors=True)
         if metadata is not None:
             metadata.close()
+        if hold is not None:
+            hold.close()
         raise
     # written down for the next pytest, should this one die: who runs, and the folder to remove
     identity = {**getattr(handle, "identity", {}), "scratch": str(scratch) if scratch is not None else None}
@@ -455,6 +493,7 @@ def _run_attempt(
         options.preempt_when,
         on_checkpoint,
         metadata,
+        hold,
     )
     orphans: list[int] = []
     escaped: list[str] = []
@@ -476,6 +515,8 @@ def _run_attempt(
                 shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links inside are removed, never followed
             if metadata is not None:
                 metadata.close()
+            if hold is not None:
+                hold.close()
     if metadata is not None and watch.fault is not None and watch.delivered_at is not None:
         watch.fault.detail = metadata.how_it_was_read(watch.delivered_at)  # did the trainer read it, how soon
     if isinstance(reader, LogEventReader) and watch.fault is None:  # a clean exit after a notice is no finish
@@ -516,11 +557,63 @@ def _run_attempt(
         attempt.final_tensors = str(final_file) if final_file is not None else None
     if crash_at is not None:
         attempt.fault = _crash_record(crash_at, attempt, folder / FS_EVENTS, preemption.fault)
+    elif attempt.fault is not None:
+        _settle_landing(attempt, attempt.fault, hold, job)
     if attempt.fault is None and previous is not None and attempt.exit_code != 0 and options.judge_restarts:
         attempt.failed_restart = diagnose(job, attempt, previous, checkpoints, list(argv) if resume else None)
     elif attempt.fault is None:
         _check_unprovoked_exit(job, attempt)
     return attempt, learned
+
+
+def _arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOptions, folder: Path) -> Hold | None:
+    """The hold for this attempt's fault, or None where the fault needs none (a crash point is
+    armed inside the job, a rerun waits for the end) or must not have one (a fault that waits for
+    an upload in flight: a held job uploads nothing)."""
+    if preemption is None or preemption.fs_event is not None or options.preempt_when is not None:
+        return None
+    fault = PREEMPTIONS.get(preemption.fault)
+    if fault is None or preemption.fault == "rerun":
+        return None
+    target = getattr(fault, "target", None)  # a rank's fault holds that rank; a node's, its first rank
+    rank = 0 if target is None else target
+    if preemption.fault.startswith("lose-node"):
+        rank = target * job.nproc_per_node
+    # the job's side gives up after half the silence the harness allows, so a hold never reads as a hang
+    return Hold(folder / "hold", preemption.at_step, rank=rank, seconds=job.event_timeout_seconds / 2)
+
+
+def _hook_hold_environment(job: JobSpec, hold: Hold, convention: StepConvention | None) -> dict[str, str]:
+    """What the in-process hook of an unmodified script needs to know its planned step's line: the
+    job's own pattern, and the number the script prints for that step."""
+    assert job.log is not None
+    first = convention.first_step if convention is not None else (job.log.first_step or 0)
+    env = {
+        ENV_HOLD_PATTERN: job.log.pattern,
+        ENV_HOLD_STREAM: job.log.stream,
+        ENV_HOLD_PROBE: str(PROBE_FILE),
+        ENV_HOLD_PRINTED: str(hold.at + first),
+    }
+    if job.log.rollback_pattern:
+        env[ENV_HOLD_SKIP] = job.log.rollback_pattern
+    return env
+
+
+def _settle_landing(attempt: Attempt, fault: FaultRecord, hold: Hold | None, job: JobSpec) -> None:
+    """Where the fault landed (spotchaos/landing.py), from the attempt's events and the hold."""
+    if fault.fault == "rerun" or fault.fault.startswith("crash"):
+        return
+    kind = PREEMPTIONS.get(fault.fault)
+    ends_job = kind is not None and not kind.graceful and not getattr(kind, "continues", False)
+    held = hold.poll() if hold is not None else None
+    settle(fault, attempt.events, held_step=held, ends_job=ends_job, job_clock=job.log is None)
+    if fault.held and hold is not None:
+        step_t = next(
+            (e["t"] for e in attempt.events if e["event"] == "step" and e.get("rank", 0) == 0 and e["step"] == held),
+            None,
+        )
+        end = hold.released_wall or fault.delivered_wall
+        fault.held_seconds = max(0.0, end - step_t) if step_t is not None else None
 
 
 def split_group_restarts(attempts: list[Attempt]) -> list[Attempt]:

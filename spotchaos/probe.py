@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import sys
 import time
 from collections.abc import Mapping
@@ -39,6 +40,14 @@ ENV_TORCH_RESTARTS = "TORCHELASTIC_RESTART_COUNT"
 # envelope mode: where final() also saves the tensors themselves, so the harness can measure how
 # far apart two runs' weights are (a digest only says whether they are equal)
 ENV_FINAL_TENSORS = "SPOTCHAOS_FINAL_TENSORS"
+# the hold: the 0-based step after which this attempt waits until the harness has delivered its
+# fault, the folder of the two FIFOs it waits on, the rank that holds, and how long it waits at most
+ENV_HOLD_AT = "SPOTCHAOS_HOLD_AT"
+ENV_HOLD_DIR = "SPOTCHAOS_HOLD_DIR"
+ENV_HOLD_RANK = "SPOTCHAOS_HOLD_RANK"
+ENV_HOLD_SECONDS = "SPOTCHAOS_HOLD_SECONDS"
+HOLD_RELEASE = "release"  # the harness writes a byte here once the fault is delivered
+HOLD_HELD = "held"  # the job writes "STEP PID" here as it starts to wait
 
 __all__ = [
     "ENV_ATTEMPT",
@@ -48,6 +57,7 @@ __all__ = [
     "ENV_RUN_ID",
     "EVENT_SCHEMA_VERSION",
     "Probe",
+    "StepHold",
     "checkpoint_dir_from_env",
     "fingerprint",
     "loss_to_hex",
@@ -151,6 +161,64 @@ def memory_peaks() -> dict[str, int | None]:
     return peaks
 
 
+class StepHold:
+    """Wait after the planned step until the harness has delivered its fault.
+
+    A fault sent when the harness *sees* a step lands wherever the job has got to by then: on a
+    job with millisecond steps, several steps later, and elsewhere on every run. Holding the job
+    right after it reports the planned step, before its next one, makes the landing exact: a
+    SIGKILL finds exactly that many steps done, a SIGTERM's handler runs while the job waits, a
+    cloud notice is up before the job's next look. Any other step costs one comparison.
+
+    The harness made two FIFOs in its own folder: the job announces on ``held`` and waits on
+    ``release``. Whatever goes wrong there (the harness gone, a FIFO missing) ends the wait at
+    once, and the wait never outlasts ``seconds``: a hold can delay the job, never stop it.
+    """
+
+    def __init__(self, at: int, folder: str, seconds: float) -> None:
+        self.at: int | None = at
+        self.folder = folder
+        self.seconds = seconds
+
+    @classmethod
+    def from_env(cls, rank: int = 0, restart: int | None = None) -> StepHold | None:
+        """The hold the harness armed for this process, or None (another rank holds; a worker
+        group torchrun restarted reaches the step again after the fault and must not wait)."""
+        at, folder = os.environ.get(ENV_HOLD_AT), os.environ.get(ENV_HOLD_DIR)
+        if not at or not folder or restart not in (None, 0):
+            return None
+        if rank != int(os.environ.get(ENV_HOLD_RANK) or 0):
+            return None
+        try:
+            return cls(int(at), folder, float(os.environ.get(ENV_HOLD_SECONDS) or 30.0))
+        except ValueError:
+            return None
+
+    def wait(self, step: int) -> None:
+        """Hold after ``step`` if it is the planned one, or the first step after it (a restart that
+        resumed past the planned step is preempted at its first); once per process."""
+        if self.at is None or step < self.at:
+            return
+        self.at = None
+        try:
+            announce = os.open(os.path.join(self.folder, HOLD_HELD), os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(announce, f"{step} {os.getpid()}\n".encode())
+            finally:
+                os.close(announce)
+            release = os.open(os.path.join(self.folder, HOLD_RELEASE), os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return  # not the harness's FIFOs (gone, or never made): nothing to wait for
+        try:
+            # a signal's handler (SIGTERM) runs during the wait, which then goes on (PEP 475)
+            if select.select([release], [], [], self.seconds)[0]:
+                os.read(release, 1)
+        except OSError:
+            pass
+        finally:
+            os.close(release)
+
+
 class Probe:
     """Appends contract events for one attempt of one run.
 
@@ -167,8 +235,10 @@ class Probe:
         self.rank = rank
         self.restart = restart  # torchrun's restart count of the worker group; None outside torchrun
         self._fd: int | None = None
+        self._hold: StepHold | None = None
         if path:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._hold = StepHold.from_env(rank, restart)
 
     @classmethod
     def from_env(cls) -> Probe:
@@ -219,6 +289,8 @@ class Probe:
         if fingerprints:
             fields["fp"] = {str(k): _fingerprint_value(v) for k, v in fingerprints.items()}
         self.emit("step", **fields)
+        if self._hold is not None:
+            self._hold.wait(int(step))
 
     def checkpoint(
         self,

@@ -27,6 +27,12 @@ class FaultRecord:
     grace_exceeded: bool = False
     detail: str = ""  # for a crash point: the file-system event it died before
     hang_detected_seconds: float | None = None  # hang-rank: from the stop until the harness named the rank
+    # where it really landed (see spotchaos/landing.py): held after the planned step, or late
+    held: bool = False  # the job waited after the planned step until the fault was delivered
+    landed_step: int | None = None  # the last step the job had finished when the fault reached it
+    steps_late: int | None = None  # landed_step past the step the plan named (or the attempt's first)
+    passed_checkpoint: int | None = None  # late past a checkpoint it was meant to precede: that checkpoint's step
+    held_seconds: float | None = None  # how long the job waited, from its planned step's report to the release
 
 
 @dataclass
@@ -154,7 +160,7 @@ class RunRecord:
                     {
                         "kind": "preemption",
                         "attempt": attempt.index,
-                        "step": attempt.fault.observed_step,
+                        "step": _landed(attempt.fault),
                         "fault": attempt.fault.fault,
                     }
                 )
@@ -167,6 +173,10 @@ class RunRecord:
             for attempt in data["attempts"]:
                 attempt.pop("events")
         return data
+
+
+def _landed(fault: FaultRecord) -> int:
+    return fault.landed_step if fault.landed_step is not None else fault.observed_step
 
 
 def _loss_value(loss: Any) -> float | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .determinism import HINT, Envelope
 from .faults.checkpoint import Damage
+from .landing import untested
 from .trajectory import Attempt, RunRecord, StepRecord
 
 # What a fingerprint that diverges together with the loss usually means.
@@ -448,6 +449,10 @@ def judge(
 
     for unfired in chaos.unfired:  # a plan that preempted nothing proves nothing: never a pass
         failures.append(f"planned fault {unfired}: the run proves nothing about it (preempt a step the job reaches)")
+    last_step = ref_steps[-1] if ref_steps else -1
+    for attempt in chaos.attempts:  # a fault that landed late past what it was to test proves another plan
+        if attempt.fault is not None and (why := untested(attempt.fault, last_step)):
+            failures.append(why)
     failed_restarts = [a.failed_restart for a in chaos.attempts if a.failed_restart]
     failures.extend(failed_restarts)  # what follows from it (missing steps, no final) would only repeat it
     resumed = _resume_points(chaos.attempts)

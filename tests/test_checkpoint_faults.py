@@ -63,7 +63,7 @@ def test_damage_refuses_a_checkpoint_outside_the_runs_directory(tmp_path):
 
 @pytest.mark.parametrize("fault", list(CHECKPOINT_FAULTS))
 def test_reference_rolls_back_from_every_kind_of_damage_and_ends_bit_exact(runner, fault):
-    verdict = runner.check(REFERENCE, Plan.parse(f"sigterm@9:{fault}"))
+    verdict = runner.check(REFERENCE, Plan.parse(f"sigterm@10:{fault}"))
     (outcome,) = verdict.damage
     assert outcome.ok and outcome.damaged_step == 10
     if CHECKPOINT_FAULTS[fault].name.endswith("-latest"):
@@ -79,7 +79,7 @@ def test_unverified_load_is_caught_as_a_silent_bad_load(runner):
         match=r"silent bad load: attempt 1 resumed from the damaged checkpoint after step 10 "
         r"\(flip-burst-data on ckpt-00000011/model.pt",
     ):
-        runner.check(job, Plan.parse("sigterm@9:flip-burst-data"))
+        runner.check(job, Plan.parse("sigterm@10:flip-burst-data"))
 
 
 def test_damage_with_nothing_to_damage_is_a_clear_error(runner):

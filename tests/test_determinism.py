@@ -87,7 +87,7 @@ def test_the_envelope_verdict_says_what_it_cannot_see(runner):
 )
 def test_resume_bugs_larger_than_the_noise_still_fail_under_envelope_mode(runner, script, message):
     with pytest.raises(ChaosFailure, match=message):
-        runner.check(trainer(script, noise=True, exactness="envelope"), Plan.parse("sigterm@6"))
+        runner.check(trainer(script, noise=True, exactness="envelope"), Plan.parse("sigterm@7"))
 
 
 # The audit and the envelope alone, on records built by hand.

@@ -114,10 +114,10 @@ def test_lightning_own_sigterm_checkpoint_at_an_epoch_end_is_named_as_the_cause(
     """Lightning 2.6.6: the on-exception checkpoint of a notice on an epoch's last batch resumes into
     the wrong epoch (docs/frameworks.md); the correct job, saving its RNG, skipping what was trained
     and its SIGTERM checkpoint at the end of the step, resumes bit-exact from there."""
-    message = failure_of(runner, job("lightning", "--sigterm", "on-exception"), "sigterm@6")
+    message = failure_of(runner, job("lightning", "--sigterm", "on-exception"), "sigterm@7")
     line = next(x for x in message.splitlines() if "diverged" in x)
     assert "cause: Lightning wrote this checkpoint after epoch 0 ended and before the next began" in line, line
-    verdict = runner.check(job("lightning"), Plan.parse("sigterm@6"))
+    verdict = runner.check(job("lightning"), Plan.parse("sigterm@7"))
     assert verdict.passed and verdict.state_difference is None, verdict.message()
 
 

@@ -31,7 +31,7 @@ def trainer(script: str) -> JobSpec:
 )
 def test_the_state_diff_names_what_each_broken_trainer_did_not_restore(runner, script, named):
     with pytest.raises(ChaosFailure) as failure:
-        runner.check(trainer(script), Plan.parse("sigterm@6"))
+        runner.check(trainer(script), Plan.parse("sigterm@7"))
     line = next(x for x in str(failure.value).splitlines() if "state not restored" in x)
     assert "the checkpoint after step 11 (attempt 1, after a resume) differs from the uninterrupted run's" in line
     for entry in named:

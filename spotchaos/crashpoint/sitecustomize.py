@@ -1,4 +1,6 @@
-"""Crash points for unmodified Python trainers: SIGKILL at the Nth file-system event.
+"""Crash points and the step hold for unmodified Python trainers.
+
+Crash points: SIGKILL at the Nth file-system event.
 
 The harness puts this directory first on the trainer's PYTHONPATH; Python imports
 ``sitecustomize`` at start-up, which installs an audit hook (PEP 578). The hook sees every
@@ -11,6 +13,17 @@ Environment: SPOTCHAOS_CRASH_ROOT (the checkpoint directory), SPOTCHAOS_CRASH_LO
 of the events seen), SPOTCHAOS_CRASH_AT (1-based index of the event to die before; 0 logs only),
 SPOTCHAOS_CRASH_RANK (a torchrun job: only that rank, in the first run of its worker group, is
 armed and logs; the agent and the other ranks are left alone).
+
+The step hold: a script that prints its steps (the log adapter) is held right after it printed
+the planned step's line, before it runs the next, until the harness has delivered its fault, as
+the probe holds a probe job (see spotchaos/hold.py). The printed stream is wrapped; each whole
+line is matched against the job's own step pattern until the planned one is seen, then the
+wrapper steps aside. The wait itself is the probe's (loaded from SPOTCHAOS_HOLD_PROBE, a file),
+so both kinds of job hold the same way. Environment: SPOTCHAOS_HOLD_PATTERN, _PRINTED, _STREAM,
+_SKIP, _PROBE, and the probe's SPOTCHAOS_HOLD_AT, _DIR, _SECONDS.
+
+A sitecustomize the environment had before this one is run after it: putting this folder first
+on PYTHONPATH must not take the user's away.
 """
 
 import json
@@ -91,3 +104,84 @@ _ARMED = _RANK is None or (os.environ.get("RANK") == _RANK and os.environ.get("T
 if _ROOT and _ARMED:
     _ROOT = os.path.abspath(_ROOT)
     sys.addaudithook(_hook)
+
+
+class _HeldStream:
+    """The script's stdout or stderr, watched line by line for the planned step's line."""
+
+    def __init__(self, stream, pattern, skip, printed, hold):
+        self._stream = stream
+        self._pattern = pattern
+        self._skip = skip
+        self._printed = printed
+        self._hold = hold
+        self._partial = ""
+
+    def write(self, text):
+        written = self._stream.write(text)
+        if self._hold is not None and isinstance(text, str) and "\n" in text:
+            lines = (self._partial + text).split("\n")
+            self._partial = lines.pop()[-4096:]
+            for line in lines:
+                if self._is_planned(line):
+                    self._stream.flush()  # the harness must read the line it is held after
+                    hold, self._hold = self._hold, None
+                    hold.wait(hold.at)  # the step is the planned one or past it: it waits
+                    break
+        elif self._hold is not None and isinstance(text, str):
+            self._partial = (self._partial + text)[-4096:]
+        return written
+
+    def _is_planned(self, line):
+        if self._skip is not None and self._skip.search(line):
+            return False
+        found = self._pattern.search(line)
+        try:
+            return found is not None and int(found.group("step")) >= self._printed
+        except (IndexError, TypeError, ValueError):
+            return False
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _install_hold():
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("_spotchaos_hold_probe", os.environ["SPOTCHAOS_HOLD_PROBE"])
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    hold = probe.StepHold.from_env(int(os.environ.get("RANK") or 0), None)
+    if hold is None:
+        return
+    skip = os.environ.get("SPOTCHAOS_HOLD_SKIP")
+    name = "stderr" if os.environ.get("SPOTCHAOS_HOLD_STREAM") == "stderr" else "stdout"
+    stream = _HeldStream(
+        getattr(sys, name),
+        re.compile(os.environ["SPOTCHAOS_HOLD_PATTERN"]),
+        re.compile(skip) if skip else None,
+        int(os.environ["SPOTCHAOS_HOLD_PRINTED"]),
+        hold,
+    )
+    setattr(sys, name, stream)
+
+
+def _run_the_next_sitecustomize():
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+if os.environ.get("SPOTCHAOS_HOLD_PATTERN") and os.environ.get("SPOTCHAOS_HOLD_PROBE"):
+    import contextlib
+
+    with contextlib.suppress(Exception):  # a hold that cannot be set up leaves the fault reactive
+        _install_hold()
+_run_the_next_sitecustomize()

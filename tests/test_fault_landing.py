@@ -1,0 +1,230 @@
+"""Every fault lands where its plan says however fast the steps are, or the verdict says it did not.
+
+The probe, and the in-process hook for a Python script that prints its steps, hold the job right
+after the planned step until the fault is delivered; a job that cannot be held (its lines leave
+in blocks, as native code's do into a pipe) gets its lateness on the record, and a plan whose
+fault landed past the checkpoint it was meant to precede, or past the end, fails as untested.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from spotchaos.config import JobSpec
+from spotchaos.hold import Hold
+from spotchaos.landing import settle, untested
+from spotchaos.plan import Plan
+from spotchaos.probe import ENV_HOLD_AT, StepHold
+from spotchaos.runner import ChaosFailure
+from spotchaos.trajectory import FaultRecord
+
+from .helpers import FIXTURES, ROOT
+from .test_script_conventions import sidecar_job
+
+FAST = ("--step-seconds", "0")
+
+
+def fast_reference() -> JobSpec:
+    command = ("python", str(FIXTURES / "reference_trainer.py"), "--steps", "20", "--checkpoint-every", "4", *FAST)
+    return JobSpec(name="fast-reference", command=command, grace_seconds=10)
+
+
+def fast_script(script: str) -> JobSpec:
+    """The sidecar script (log adapter) as the scheduler case: 20 steps of about 1 ms, checkpoints
+    after steps 3, 7, 11, 15 and 19."""
+    base = sidecar_job()
+    command = (
+        *(c.replace("sidecar_train.py", f"{script}.py") for c in base.command),
+        "--save-every",
+        "4",
+        "--step-seconds",
+        "0.001",
+    )
+    return replace(base, name=script.replace("_", "-"), command=command)
+
+
+def landings(run) -> list[tuple[str, int, int | None, int | None, bool]]:
+    return [(f.fault, f.planned_step, f.landed_step, f.steps_late, f.held) for f in run.faults]
+
+
+def test_a_probe_job_with_millisecond_steps_takes_each_fault_exactly_at_its_step(runner):
+    job = fast_reference()
+    for plan in ("sigkill@9", "sigterm@9", "sigkill@3,sigterm@14", "aws-notice@5"):
+        run, verdict = runner.run(job, Plan.parse(plan))
+        planned = Plan.parse(plan).preemptions
+        assert landings(run) == [(p.fault, p.at_step, p.at_step, 0, True) for p in planned], plan
+        assert verdict.passed, verdict.message()
+        sigkilled = [a for a in run.attempts if a.fault is not None and a.fault.fault == "sigkill"]
+        assert all(a.steps[-1].step == a.fault.planned_step for a in sigkilled), "a SIGKILL found more steps done"
+
+
+def test_the_unrestored_scheduler_on_one_millisecond_steps_fails_naming_the_scheduler(runner):
+    """The issue's case: a kill after step 9 once landed after step 19, and the plan passed."""
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(fast_script("broken_sidecar_no_scheduler"), Plan.parse("sigkill@9"))
+    message = str(failure.value)
+    assert "scheduler.last_epoch" in message, message
+    assert "resuming from step 7" in message, message
+    assert runner.check(fast_script("sidecar_train"), Plan.parse("sigkill@9")).passed
+
+
+def test_a_job_that_cannot_be_held_reports_its_lateness_and_its_untested_plan_fails(runner):
+    job = fast_script("block_buffered_train")
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(job, Plan.parse("sigkill@9"))
+    message = str(failure.value)
+    assert "planned sigkill@9 landed 2 step(s) late, after step 11, past the checkpoint after step 11" in message
+    assert "the plan was not tested" in message and "spotchaos.probe" in message
+    run, verdict = runner.run(job, Plan.parse("sigkill@17"))
+    ended = not run.faults and run.unfired  # finished before the harness could deliver it at all
+    assert ended or landings(run) == [("sigkill", 17, 19, 2, False)], landings(run)
+    assert not verdict.passed
+    assert ended or "after the job's last step: the restart had nothing left to train" in verdict.message()
+
+
+def test_a_restart_that_resumed_past_the_planned_step_is_held_at_its_first_step(runner):
+    run, verdict = runner.run(fast_reference(), Plan.parse("sigterm@10,sigkill@4"))
+    assert landings(run) == [("sigterm", 10, 10, 0, True), ("sigkill", 4, 11, 0, True)], landings(run)
+    assert verdict.passed, verdict.message()
+
+
+def _child(hold_dir, seconds: float, extra: str = "") -> subprocess.Popen:
+    code = (
+        "import sys, time; from spotchaos.probe import StepHold\n"
+        f"hold = StepHold(7, {str(hold_dir)!r}, {seconds})\n"
+        "hold.wait(6); print('past 6', flush=True)\n"
+        "hold.wait(7); print('past 7', time.time(), flush=True)\n"
+        f"{extra}"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+
+
+def test_the_probe_waits_after_the_planned_step_until_released(tmp_path):
+    hold = Hold(tmp_path / "hold", 7)
+    child = _child(hold.folder, 30)
+    try:
+        assert child.stdout.readline() == "past 6\n"
+        deadline = time.monotonic() + 20
+        while hold.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hold.held_step == 7
+        time.sleep(0.3)
+        assert child.poll() is None, "the job went on before it was released"
+        released = time.time()
+        hold.release()
+        past = float(child.stdout.readline().split()[2])
+        assert past >= released
+        assert child.wait(20) == 0
+    finally:
+        child.kill()
+        hold.close()
+
+
+def test_a_hold_never_outlasts_its_limit_nor_the_harness(tmp_path):
+    hold = Hold(tmp_path / "hold", 7)
+    started = time.monotonic()
+    child = _child(hold.folder, 0.5)
+    try:
+        assert child.wait(20) == 0 and time.monotonic() - started < 15  # given up after 0.5 s
+    finally:
+        child.kill()
+    hold.close()  # the harness's ends gone: the job's open fails and it does not wait at all
+    child = _child(hold.folder, 60)
+    try:
+        assert child.wait(20) == 0
+    finally:
+        child.kill()
+
+
+@pytest.mark.unit
+def test_a_hold_is_armed_only_for_its_rank_and_the_first_run_of_a_worker_group(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_HOLD_AT, "5")
+    monkeypatch.setenv("SPOTCHAOS_HOLD_DIR", str(tmp_path))
+    monkeypatch.setenv("SPOTCHAOS_HOLD_RANK", "1")
+    assert StepHold.from_env(rank=0) is None
+    assert StepHold.from_env(rank=1, restart=1) is None  # torchrun restarted the group after the fault
+    armed = StepHold.from_env(rank=1, restart=0)
+    assert armed is not None and armed.at == 5
+    monkeypatch.setenv(ENV_HOLD_AT, "five")
+    assert StepHold.from_env(rank=1) is None
+
+
+def _events(steps, checkpoints=(), t_of=lambda step: float(step)):
+    events = []
+    for step in steps:
+        events.append({"event": "step", "step": step, "t": t_of(step), "rank": 0})
+        if step in checkpoints:
+            events.append({"event": "checkpoint", "step": step, "t": t_of(step) + 0.5, "rank": 0})
+    return events
+
+
+def _fault(planned, observed, delivered_wall) -> FaultRecord:
+    return FaultRecord("sigkill", planned, observed, delivered_at=0.0, delivered_wall=delivered_wall)
+
+
+@pytest.mark.unit
+def test_landing_held_late_past_a_checkpoint_and_past_the_end():
+    held = _fault(9, 9, 9.2)
+    settle(held, _events(range(10), {3, 7}), held_step=9, ends_job=True, job_clock=True)
+    assert (held.held, held.landed_step, held.steps_late, untested(held, 19)) == (True, 9, 0, None)
+
+    late = _fault(9, 10, 10.2)  # reacted one step late, no checkpoint in between: late, still the plan
+    settle(late, _events(range(11), {3, 7}), held_step=None, ends_job=True, job_clock=True)
+    assert (late.landed_step, late.steps_late, late.passed_checkpoint, untested(late, 19)) == (10, 1, None, None)
+
+    past = _fault(9, 12, 12.9)
+    settle(past, _events(range(13), {3, 7, 11}), held_step=None, ends_job=True, job_clock=True)
+    assert (past.steps_late, past.passed_checkpoint) == (3, 11)
+    assert "past the checkpoint after step 11" in untested(past, 19)
+
+    end = _fault(9, 19, 19.9)
+    settle(end, _events(range(20), {3, 7, 11, 15, 19}), held_step=None, ends_job=True, job_clock=True)
+    assert "after the job's last step" in untested(end, 19)
+
+    notice = replace(_fault(9, 9, 9.9), fault="sigterm")  # a SIGTERM: steps stamped after it came after
+    settle(notice, _events(range(14), {3, 7, 11, 13}), held_step=None, ends_job=False, job_clock=True)
+    assert (notice.landed_step, notice.steps_late) == (9, 0)
+
+    resumed = _fault(4, 8, 8.2)  # resumed after step 7 with a fault planned at 4: due at its first step
+    settle(resumed, _events(range(8, 10)), held_step=8, ends_job=True, job_clock=True)
+    assert (resumed.held, resumed.landed_step, resumed.steps_late) == (True, 8, 0)
+
+
+def test_an_exploration_runs_each_plan_once_and_never_a_fresh_restart_only(runner):
+    from hypothesis import strategies as st
+
+    from spotchaos.search import ExploreSettings, explore
+
+    def plan(draw: int) -> Plan:  # distinct draws, two plans: a kill before the first checkpoint, one after
+        return Plan.parse("sigkill@1" if draw % 2 else "sigkill@6")
+
+    ran: list[str] = []
+    original = runner.run
+
+    def counted(job, planned):
+        ran.append(str(planned))
+        return original(job, planned)
+
+    runner.run = counted
+    try:
+        tried = explore(runner, fast_reference(), st.integers(0, 1000).map(plan), settings=ExploreSettings(5))
+    finally:
+        del runner.run
+    assert ran == ["sigkill@6"] and tried == 1, ran
+
+
+@pytest.mark.unit
+def test_a_plan_resumes_from_a_checkpoint_unless_it_only_kills_before_the_first():
+    from spotchaos.strategies import resumes_from_a_checkpoint
+
+    assert not resumes_from_a_checkpoint(Plan.parse("sigkill@3"), 3)  # held after 3, before its checkpoint
+    assert not resumes_from_a_checkpoint(Plan.parse("sigkill@0,sigkill@2"), 3)
+    assert resumes_from_a_checkpoint(Plan.parse("sigkill@4"), 3)
+    assert resumes_from_a_checkpoint(Plan.parse("sigterm@0"), 3)  # the notice's own checkpoint
+    assert resumes_from_a_checkpoint(Plan.parse("crash@2"), 3)
+    assert resumes_from_a_checkpoint(Plan.parse("sigkill@0"), None)  # a job without checkpoints: all plans
