@@ -19,7 +19,7 @@ from .families.preemption import DamageNotApplied, check
 from .plan import Plan
 from .record import ScenarioRecord, note_plans
 from .session import SessionCore
-from .strategies import FirstPlans, preemption_plans
+from .strategies import FirstPlans, preemption_plans, resumes_from_a_checkpoint
 from .trajectory import RunRecord
 
 log = logging.getLogger("spotchaos")
@@ -58,19 +58,34 @@ def explore(
         strategy = plans
     else:
         strategy = plans(total_steps)
+    saved = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
+    first_checkpoint = saved[0] if saved else None
+    # a plan that only ever restarts afresh tests nothing a user meant: never drawn
+    strategy = strategy.filter(lambda plan: resumes_from_a_checkpoint(plan, first_checkpoint))
     aborted: list[SpotchaosError] = []
     tried = 0
+    # a plan that passed (or had nothing to damage) runs once: a repeat draw is neither run nor
+    # counted again. A failing plan is run again when hypothesis replays it: a verdict that does not
+    # fail twice was decided by timing, which the report must say
+    verdicts: dict[str, str] = {}
 
     def attempt(plan: Plan) -> None:
         nonlocal tried
         if aborted:
+            return
+        key = str(plan)
+        if key in verdicts:  # hypothesis drew (or replays) a plan already run: the same verdict, not a new run
+            if verdicts[key] == "reject":
+                reject()
             return
         tried += 1
         shrinking = " (shrinking a failure)" if tried > settings.max_examples else ""
         log.info("job %s: plan %d of %d planned%s: %s", job.name, tried, settings.max_examples, shrinking, plan)
         try:
             check(core, job, plan, record)
+            verdicts[key] = "passed"
         except DamageNotApplied:
+            verdicts[key] = "reject"
             reject()  # nothing to damage at that step: not a verdict, try another plan
         except ScenarioFailure:
             raise  # a verdict: hypothesis shrinks it to the smallest failing plan

@@ -66,6 +66,21 @@ def damage_plans(
     )
 
 
+def resumes_from_a_checkpoint(plan: Plan, first_checkpoint: int | None) -> bool:
+    """Whether the plan makes some restart resume from a checkpoint, not only start afresh: a
+    notice (the job checkpoints on it), a crash point (inside a save or a load), a rerun, or a kill
+    after the step of the job's first checkpoint (a job held after that step has not written it
+    yet). A plan of kills before the first checkpoint tests a fresh restart only, which every job
+    passes; ``first_checkpoint`` None (the job reported none) lets every plan through."""
+    if first_checkpoint is None:
+        return True
+    for p in plan.preemptions:
+        kind = PREEMPTIONS[p.fault]
+        if kind.graceful or p.fs_event is not None or p.fault == "rerun" or p.at_step > first_checkpoint:
+            return True
+    return False
+
+
 FirstPlans = Callable[[Sequence["int | None"], Sequence[int]], list[Plan]]
 
 

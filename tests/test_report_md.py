@@ -21,7 +21,7 @@ DOCUMENT = {
             "job": "ref",
             "passed": True,
             "plans_tried": 4,
-            "runs": [{"lost_steps": 3}],
+            "runs": [{"lost_steps": 3, "faults": [{"fault": "sigkill", "steps_late": 0, "held": True}]}],
             "figures": {"overhead": {"fraction": 0.02, "budget": 0.05}},
         },
         {
@@ -30,7 +30,10 @@ DOCUMENT = {
             "passed": False,
             "plans_tried": 2,
             "failing_plan": "sigkill@4",
-            "runs": [{"lost_steps": 1}, {"lost_steps": 2}],
+            "runs": [
+                {"lost_steps": 1, "faults": [{"fault": "sigkill", "steps_late": 2, "held": False}]},
+                {"lost_steps": 2, "faults": [{"fault": "sigterm", "steps_late": 0, "held": False}]},
+            ],
             "verdict": {"failures": ["loss diverged | <script>alert(1)</script>\nsecond line"]},
             "replay": "pytest --spotchaos --spotchaos-plan='sigkill@4' 's.py::bad[ref]'",
         },
@@ -41,8 +44,8 @@ DOCUMENT = {
 def test_markdown_has_the_verdict_table_failures_figures_and_replay():
     text = render_markdown(DOCUMENT)
     assert "**1 of 2 scenarios passed**" in text and "seed `42`" in text
-    assert "| ✅ pass | s.py::ok[ref] | ref | 4 | 3 |  |" in text
-    assert "| ❌ fail | s.py::bad[ref] | ref | 2 | 3 | sigkill@4 |" in text
+    assert "| ✅ pass | s.py::ok[ref] | ref | 4 | 3 | exact (1 held) |  |" in text
+    assert "| ❌ fail | s.py::bad[ref] | ref | 2 | 3 | 1 of 2 late, up to 2 step(s) | sigkill@4 |" in text
     assert "Replay: `pytest --spotchaos --spotchaos-plan='sigkill@4' 's.py::bad[ref]'`" in text
     assert "| s.py::ok[ref] | checkpoint overhead | 2.00% (budget 5.00%) |" in text
 

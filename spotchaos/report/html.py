@@ -15,7 +15,7 @@ from typing import Any
 
 from ..extras import require
 from .plots import divergence_png, requests_png, trajectory_png
-from .summary import comparison_notes, figure_lines, lost_steps, verdict_word
+from .summary import comparison_notes, figure_lines, landing, lost_steps, verdict_word
 
 jinja2 = require("jinja2", "html", "report.html")
 
@@ -45,11 +45,14 @@ def strip_terminal_codes(value: Any) -> Any:
 def _fault_text(fault: dict[str, Any]) -> str:
     """A fault as it happened: ``sigterm after step 5``; a crash point names the file-system event
     it died before, and a crash during a restart's load is before the first step, not "at -1"."""
-    step = fault.get("observed_step")
+    step = fault.get("landed_step", fault.get("observed_step"))
+    step = fault.get("observed_step") if step is None else step
     when = f"after step {step}" if isinstance(step, int) and step >= 0 else "before the first step"
     if fault.get("fault") == "crash":
         return f"crash {fault.get('detail') or ''}, {when}".replace(" ,", ",")
-    return f"{fault.get('fault')} {when}"
+    late = fault.get("steps_late")
+    how = " (held)" if fault.get("held") else f" ({late} step(s) late)" if isinstance(late, int) and late else ""
+    return f"{fault.get('fault')} {when}{how}"
 
 
 def _mib(memory: dict[str, Any] | None) -> str:
@@ -128,6 +131,7 @@ def render_html(document: dict[str, Any]) -> str:
         verdict_word=verdict_word,
         fault_text=_fault_text,
         lost_steps=lost_steps,
+        landing=landing,
         mib=_mib,
         job_text=_job_text,
     )

@@ -13,6 +13,7 @@ from ..sanitize import markdown_text, visible
 from .summary import (
     comparison_notes,
     drain_line,
+    landing,
     lost_steps,
     service_lines,
     storage_line,
@@ -64,15 +65,15 @@ def render_markdown(document: dict[str, Any]) -> str:
         "",
         _decision(document),
         "",
-        "| verdict | scenario | job | plans | lost steps | failing plan |",
-        "| --- | --- | --- | ---: | ---: | --- |",
+        "| verdict | scenario | job | plans | lost steps | faults landed | failing plan |",
+        "| --- | --- | --- | ---: | ---: | --- | --- |",
     ]
     scenarios = document.get("scenarios", [])
     for s in scenarios:
         lost = lost_steps(s)
         lines.append(
             f"| {_verdict(s)} | {_name(s.get('scenario'))} | {_name(s.get('job'))} | {s.get('plans_tried', 0)} "
-            f"| {lost} | {_name(s.get('failing_plan'))} |"
+            f"| {lost} | {landing(s)} | {_name(s.get('failing_plan'))} |"
         )
     if document.get("interrupted"):
         lines += ["", f"**Interrupted by {_cell(document['interrupted'])}**: not every scenario ran."]

@@ -18,6 +18,25 @@ def lost_steps(scenario: dict[str, Any]) -> int:
     return sum(run.get("lost_steps", 0) for run in scenario.get("runs", []))
 
 
+def landing(scenario: dict[str, Any]) -> str:
+    """Where the scenario's faults landed against their plans: ``exact`` when every one was held
+    at its planned step (or late by none), else how many were late and by how much at most; ``-``
+    for a scenario without timed faults (crash points, services, a rerun)."""
+    timed = [
+        f
+        for run in scenario.get("runs", [])
+        for f in run.get("faults", [])
+        if isinstance(f, dict) and isinstance(f.get("steps_late"), int)
+    ]
+    if not timed:
+        return "-"
+    late = [f["steps_late"] for f in timed if f["steps_late"] > 0]
+    if not late:
+        held = sum(1 for f in timed if f.get("held"))
+        return "exact" + (f" ({held} held)" if held else "")
+    return f"{len(late)} of {len(timed)} late, up to {max(late)} step(s)"
+
+
 def figure_lines(figures: dict[str, Any]) -> list[str]:
     lines = []
     overhead = figures.get("overhead")
