@@ -404,10 +404,10 @@ def _run_attempt(
     # of DataLoader workers killed mid-run) goes with the attempt instead of piling up in /tmp. Short,
     # since multiprocessing puts Unix sockets in it (108 bytes at most); a container needs none: its
     # own /tmp goes with it.
+    hold = _arm_hold(job, preemption, options, folder)
     scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-")) if job.container is None else None
     env = {**backend.inherited_environment(), **job.environment()}
     crash_at = preemption.fs_event if preemption is not None else None
-    hold = _arm_hold(job, preemption, options, folder)
     hooked = crash_at is not None or options.trace_fs or (hold is not None and job.log is not None)
     if hooked:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
@@ -558,7 +558,7 @@ def _run_attempt(
     if crash_at is not None:
         attempt.fault = _crash_record(crash_at, attempt, folder / FS_EVENTS, preemption.fault)
     elif attempt.fault is not None:
-        _settle_landing(attempt, attempt.fault, hold, job)
+        _settle_landing(attempt, attempt.fault, hold, job, deliberate=options.preempt_when is not None)
     if attempt.fault is None and previous is not None and attempt.exit_code != 0 and options.judge_restarts:
         attempt.failed_restart = diagnose(job, attempt, previous, checkpoints, list(argv) if resume else None)
     elif attempt.fault is None:
@@ -599,14 +599,20 @@ def _hook_hold_environment(job: JobSpec, hold: Hold, convention: StepConvention 
     return env
 
 
-def _settle_landing(attempt: Attempt, fault: FaultRecord, hold: Hold | None, job: JobSpec) -> None:
-    """Where the fault landed (spotchaos/landing.py), from the attempt's events and the hold."""
+def _settle_landing(
+    attempt: Attempt, fault: FaultRecord, hold: Hold | None, job: JobSpec, *, deliberate: bool = False
+) -> None:
+    """Where the fault landed (spotchaos/landing.py), from the attempt's events and the hold.
+    ``deliberate``: the family held the fault back on purpose (until an upload was in flight), so
+    where it landed is recorded but is not lateness."""
     if fault.fault == "rerun" or fault.fault.startswith("crash"):
         return
     kind = PREEMPTIONS.get(fault.fault)
     ends_job = kind is not None and not kind.graceful and not getattr(kind, "continues", False)
     held = hold.poll() if hold is not None else None
     settle(fault, attempt.events, held_step=held, ends_job=ends_job, job_clock=job.log is None)
+    if deliberate:
+        fault.steps_late = fault.passed_checkpoint = None
     if fault.held and hold is not None:
         step_t = next(
             (e["t"] for e in attempt.events if e["event"] == "step" and e.get("rank", 0) == 0 and e["step"] == held),

@@ -30,7 +30,9 @@ class FaultRecord:
     # where it really landed (see spotchaos/landing.py): held after the planned step, or late
     held: bool = False  # the job waited after the planned step until the fault was delivered
     landed_step: int | None = None  # the last step the job had finished when the fault reached it
-    steps_late: int | None = None  # landed_step past the step the plan named (or the attempt's first)
+    # landed_step past the step the plan named (or the attempt's first); None: not a timed fault, or one a
+    # family held back on purpose (until an upload was in flight)
+    steps_late: int | None = None
     passed_checkpoint: int | None = None  # late past a checkpoint it was meant to precede: that checkpoint's step
     held_seconds: float | None = None  # how long the job waited, from its planned step's report to the release
 
