@@ -400,11 +400,11 @@ def _run_attempt(
     except FileExistsError:  # an earlier attempt made it (a link to elsewhere, say): never used
         raise UnsafeFile(f"{folder} already exists: the job wrote into the harness's own folders, refused") from None
     events_path = folder / "events.jsonl"
+    hold = _arm_hold(job, preemption, options, folder)  # before the scratch folder: a failed FIFO leaks nothing
     # The attempt's own temporary folder: what the job leaves there (multiprocessing's pymp-* folders
     # of DataLoader workers killed mid-run) goes with the attempt instead of piling up in /tmp. Short,
     # since multiprocessing puts Unix sockets in it (108 bytes at most); a container needs none: its
     # own /tmp goes with it.
-    hold = _arm_hold(job, preemption, options, folder)
     scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-")) if job.container is None else None
     env = {**backend.inherited_environment(), **job.environment()}
     crash_at = preemption.fs_event if preemption is not None else None
