@@ -30,7 +30,7 @@ def settle(fault: FaultRecord, events: list[Event], *, held_step: int | None, en
     elif ends_job and steps:
         landed = max(step for _, step in steps)
     elif job_clock:
-        before = [e["step"] for _, e in _rank0(events) if e["event"] == "step" and e["t"] <= fault.delivered_wall]
+        before = [events[i]["step"] for i, _ in steps if events[i]["t"] <= fault.delivered_wall]
         landed = max([fault.observed_step, *before])
     else:
         landed = fault.observed_step
@@ -48,10 +48,6 @@ def settle(fault: FaultRecord, events: list[Event], *, held_step: int | None, en
         and (ends_job or e["t"] <= fault.delivered_wall)
     ]
     fault.passed_checkpoint = min(passed) if passed else None
-
-
-def _rank0(events: list[Event]) -> list[tuple[int, Event]]:
-    return [(i, e) for i, e in enumerate(events) if e.get("rank", 0) == 0]
 
 
 def untested(fault: FaultRecord, last_step: int) -> str | None:
