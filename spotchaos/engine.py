@@ -751,6 +751,10 @@ class OutsideCheckpoint(JobError):
     """A checkpoint fault was asked for a checkpoint the harness did not create."""
 
 
+class DamageRefused(JobError):
+    """A checkpoint fault could not change the checkpoint (read-only, a full disk)."""
+
+
 def damage_newest(fault_name: str, pick: float, attempts: list[Attempt], root: Path) -> Damage:
     """Apply a checkpoint fault to the newest durable checkpoint of this run, between attempts."""
     root = Path(os.path.abspath(root))  # once, as text: never resolved (that would follow the job's links)
@@ -763,6 +767,15 @@ def damage_newest(fault_name: str, pick: float, attempts: list[Attempt], root: P
         damage = CHECKPOINT_FAULTS[fault_name].apply(checkpoints, pick)
     except ValueError as exc:
         return Damage(fault_name, str(checkpoints.newest), applied=False, detail=str(exc))
+    except UnsafeFile:
+        raise
+    except OSError as exc:  # read-only checkpoints (the job chmod-ed them), a full disk: nothing was changed
+        where = Path(exc.filename).name if isinstance(exc.filename, str) else checkpoints.newest.name
+        raise DamageRefused(
+            f"{fault_name} could not be applied to checkpoint {checkpoints.newest.name} ({where}: "
+            f"{exc.strerror or exc}): the job left its checkpoints unwritable for the harness's user, so this "
+            "plan tests nothing; nothing was changed (make them writable, or leave this fault out of the plan)"
+        ) from None
     damage.damaged_step = durable[-1][0]
     if damage.makes_unloadable:
         damage.expected_resume = durable[-2][0] if len(durable) > 1 else None

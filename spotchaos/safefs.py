@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePath
@@ -57,6 +58,161 @@ def _refuse(path: Path, what: str) -> UnsafeFile:
     return UnsafeFile(f"{path} is {what}: spotchaos never follows a link the job made, refused")
 
 
+def _parts(root: Path, relative: str | PurePath) -> tuple[str, ...]:
+    parts = PurePath(relative).parts
+    if not parts or PurePath(relative).is_absolute() or ".." in parts:
+        raise UnsafeFile(f"{relative}: not a path below {root}")
+    return parts
+
+
+def _open_dir(name: str | Path, dir_fd: int | None, where: Path) -> int:
+    """A folder's fd, opened without following a link: a link or a file there is refused."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link, or a file, where a folder should be
+            try:
+                mode = os.lstat(where).st_mode
+                what = _kind(mode) + (f" ({describe_link(where)})" if stat.S_ISLNK(mode) else "")
+            except OSError:
+                what = "not a folder"
+            raise _refuse(where, what) from None
+        raise
+
+
+class Folder:
+    """A folder opened once, every component reached without following a link, and everything
+    done below it through its fd (``dir_fd=``): nothing is resolved by path again, so a link the
+    job swaps in after the harness looked is never followed (no check-then-act race).
+
+    A context manager: the fd is closed on leaving.
+    """
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+
+    @classmethod
+    def open(cls, root: Path, relative: str | PurePath = "") -> Folder:
+        """``root/relative`` as a folder; ``root`` itself must not be a link."""
+        root = Path(root)
+        fd = _open_dir(root, None, root)
+        folder = cls(fd, root)
+        if str(relative) in ("", "."):
+            return folder
+        with folder:
+            return folder.folder(relative)
+
+    def folder(self, relative: str | PurePath) -> Folder:
+        parts = _parts(self.path, relative)
+        fd = self.fd
+        try:
+            for index, part in enumerate(parts):
+                inner = _open_dir(part, fd, self.path.joinpath(*parts[: index + 1]))
+                if fd != self.fd:
+                    os.close(fd)
+                fd = inner
+        except BaseException:
+            if fd != self.fd:
+                os.close(fd)
+            raise
+        return Folder(fd, self.path.joinpath(*parts))
+
+    def _parent(self, relative: str | PurePath) -> tuple[Folder, str]:
+        parts = _parts(self.path, relative)
+        if len(parts) == 1:
+            return Folder(os.dup(self.fd), self.path), parts[0]
+        return self.folder(PurePath(*parts[:-1])), parts[-1]
+
+    def open_file(self, relative: str | PurePath, flags: int = os.O_RDONLY, *, single_link: bool = False) -> int:
+        """An fd of a regular file below this folder (see :func:`open_beneath`)."""
+        parent, name = self._parent(relative)
+        path = parent.path / name
+        with parent:
+            try:
+                fd = os.open(name, flags | _NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=parent.fd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise _refuse(path, f"a symbolic link ({describe_link(path)})") from None
+                raise
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (single_link and info.st_nlink != 1):
+            os.close(fd)
+            what = _kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else f"hard-linked ({info.st_nlink} names)"
+            raise _refuse(path, what)
+        os.set_blocking(fd, True)  # a regular file: blocking reads are bounded by its size
+        return fd
+
+    def mode(self, relative: str | PurePath) -> int:
+        """The entry's own mode (a link's, never its target's)."""
+        parent, name = self._parent(relative)
+        with parent:
+            return os.stat(name, dir_fd=parent.fd, follow_symlinks=False).st_mode
+
+    def unlink(self, relative: str | PurePath) -> None:
+        """Remove one name; a link is removed itself, its target never touched."""
+        parent, name = self._parent(relative)
+        with parent:
+            os.unlink(name, dir_fd=parent.fd)
+
+    def remove(self, relative: str | PurePath) -> None:
+        """Remove a file, a link or a whole folder below this one, through fds only (shutil's
+        fd-based tree removal: links inside are removed, never followed)."""
+        parent, name = self._parent(relative)
+        with parent:
+            if stat.S_ISDIR(os.stat(name, dir_fd=parent.fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=parent.fd)
+            else:
+                os.unlink(name, dir_fd=parent.fd)
+
+    def rename(self, source: str | PurePath, target: str | PurePath) -> None:
+        """Rename within this folder's tree (the target replaced: an empty folder or a file)."""
+        from_parent, from_name = self._parent(source)
+        with from_parent:
+            to_parent, to_name = self._parent(target)
+            with to_parent:
+                os.rename(from_name, to_name, src_dir_fd=from_parent.fd, dst_dir_fd=to_parent.fd)
+
+    def copy_tree(self, source: str | PurePath, target: str | PurePath) -> None:
+        """Copy the folder ``source`` to the new name ``target`` (which must not exist), reading
+        and creating everything through fds; a link or a special file inside is refused."""
+        to_parent, to_name = self._parent(target)
+        with self.folder(source) as src, to_parent:
+            os.mkdir(to_name, 0o755, dir_fd=to_parent.fd)
+            with to_parent.folder(to_name) as dst:
+                _copy_into(src, dst)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Folder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _copy_into(src: Folder, dst: Folder) -> None:
+    for entry in sorted(os.scandir(src.fd), key=lambda e: e.name):
+        mode = entry.stat(follow_symlinks=False).st_mode
+        if stat.S_ISDIR(mode):
+            os.mkdir(entry.name, 0o755, dir_fd=dst.fd)
+            with src.folder(entry.name) as inner_src, dst.folder(entry.name) as inner_dst:
+                _copy_into(inner_src, inner_dst)
+        elif stat.S_ISREG(mode):
+            source = src.open_file(entry.name)
+            try:
+                target = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644, dir_fd=dst.fd)
+                with os.fdopen(source, "rb", closefd=False) as f, os.fdopen(target, "wb") as out:
+                    shutil.copyfileobj(f, out, 1 << 20)
+            finally:
+                os.close(source)
+        else:
+            raise _refuse(src.path / entry.name, _kind(mode))
+
+
 def open_beneath(root: Path, relative: str | PurePath, flags: int = os.O_RDONLY, *, single_link: bool = False) -> int:
     """An fd of ``root/relative``, opened without following a link anywhere below ``root``.
 
@@ -64,37 +220,9 @@ def open_beneath(root: Path, relative: str | PurePath, flags: int = os.O_RDONLY,
     when a component is a link, the file is not a regular file, or (``single_link``) another
     name links to the same file, and ``FileNotFoundError`` when it does not exist.
     """
-    parts = PurePath(relative).parts
-    if not parts or PurePath(relative).is_absolute() or ".." in parts:
-        raise UnsafeFile(f"{relative}: not a path below {root}")
-    path = root.joinpath(*parts)
-    directory = os.open(root, _DIR_FLAGS)
-    try:
-        for index, part in enumerate(parts[:-1]):
-            try:
-                inner = os.open(part, _DIR_FLAGS, dir_fd=directory)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link, or a file, where a folder should be
-                    where = root.joinpath(*parts[: index + 1])
-                    raise _refuse(where, _kind(os.lstat(where).st_mode)) from None
-                raise
-            os.close(directory)
-            directory = inner
-        try:
-            fd = os.open(parts[-1], flags | _NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=directory)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise _refuse(path, f"a symbolic link ({describe_link(path)})") from None
-            raise
-    finally:
-        os.close(directory)
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or (single_link and info.st_nlink != 1):
-        os.close(fd)
-        what = _kind(info.st_mode) if not stat.S_ISREG(info.st_mode) else f"hard-linked ({info.st_nlink} names)"
-        raise _refuse(path, what)
-    os.set_blocking(fd, True)  # a regular file: blocking reads are bounded by its size
-    return fd
+    _parts(root, relative)
+    with Folder.open(root) as folder:
+        return folder.open_file(relative, flags, single_link=single_link)
 
 
 def open_regular(path: Path, flags: int = os.O_RDONLY) -> int:
@@ -166,9 +294,13 @@ def links_below(top: Path) -> Iterator[tuple[Path, str]]:
 
 
 def regular_files(top: Path) -> list[Path]:
-    """The regular files under ``top`` (itself, if it is one), sorted; links are never followed."""
-    if not stat.S_ISDIR(os.lstat(top).st_mode):
-        return [top]
+    """The regular files under ``top`` (itself, if it is one), sorted; links are never followed
+    (``top`` itself a link is refused)."""
+    mode = os.lstat(top).st_mode
+    if stat.S_ISLNK(mode):
+        raise _refuse(top, f"a symbolic link ({describe_link(top)})")
+    if not stat.S_ISDIR(mode):
+        return [top] if stat.S_ISREG(mode) else []
     found: list[Path] = []
     for folder, dirs, files in os.walk(top, followlinks=False):
         dirs.sort()

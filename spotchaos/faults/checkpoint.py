@@ -8,7 +8,11 @@ A checkpoint is a directory of files (or a single file); ``manifest.json`` insid
 The job wrote every one of those files and is untrusted: a fault changes only regular files
 with a single name, opened beneath the run's checkpoint directory without following any link
 (:mod:`spotchaos.safefs`). A checkpoint that holds a symbolic link, a hard link or a special
-file is refused as a whole before anything is changed (:class:`UnsafeCheckpoint`).
+file is refused as a whole before anything is changed (:class:`UnsafeCheckpoint`). The check is
+no licence to act by path afterwards: a helper of the job can swap a folder for a link between
+the check and the fault, so every unlink, rename, copy and write goes through the fds of folders
+opened beneath the run's checkpoint directory (``dir_fd=``), and a link swapped in is refused, or
+its target never reached.
 
 Where a fault needs a choice (which file, which byte), it takes a ``pick`` in [0, 1) from the
 plan, so hypothesis chooses and shrinks it and the damage replays exactly.
@@ -16,14 +20,15 @@ plan, so hypothesis chooses and shrinks it and the damage replays exactly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from ..safefs import UnsafeFile, links_below, links_between, open_beneath, regular_files
+from ..safefs import Folder, UnsafeFile, describe_link, links_below, links_between, regular_files
 
 MANIFEST = "manifest.json"
 DIGEST_VALUE = re.compile(r'"(crc32c|crc32|sha256|sha1|md5|digest|hash|checksum)"\s*:\s*"([0-9a-fA-F]+)"')
@@ -89,9 +94,41 @@ class CheckpointSet:
                     "so it refuses this checkpoint and touches nothing"
                 )
 
+    def folder(self) -> Folder:
+        """The base folder, opened without following a link: every change goes through it."""
+        return Folder.open(self.base)
+
+    def relative(self, path: Path) -> Path:
+        return path.relative_to(self.base)
+
     def open(self, path: Path, flags: int = os.O_RDWR) -> int:
         """An fd of ``path`` (below the base), opened without following any link; one name only."""
-        return open_beneath(self.base, path.relative_to(self.base), flags, single_link=True)
+        with self.folder() as base:
+            return base.open_file(self.relative(path), flags, single_link=True)
+
+    def unlink(self, path: Path) -> None:
+        """Remove one file below the base, through folder fds (a link is removed, never followed)."""
+        with self.folder() as base:
+            base.unlink(self.relative(path))
+
+    def newest_is_folder(self) -> bool:
+        """Whether the newest checkpoint is a folder (else a file); a link or a special file there
+        (swapped in since :meth:`verify`) is refused."""
+        with self.folder() as base:
+            mode = base.mode(self.relative(self.newest))
+        if stat.S_ISLNK(mode):
+            raise UnsafeCheckpoint(f"{self.newest} is a symbolic link ({describe_link(self.newest)}): refused")
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise UnsafeCheckpoint(f"{self.newest} is neither a file nor a folder: refused")
+        return stat.S_ISDIR(mode)
+
+    def is_regular(self, path: Path) -> bool:
+        """Whether ``path`` is a regular file, reached through folder fds; a link on the way is refused."""
+        try:
+            with self.folder() as base:
+                return stat.S_ISREG(base.mode(self.relative(path)))
+        except FileNotFoundError:
+            return False
 
     def read(self, path: Path) -> bytes:
         fd = self.open(path, os.O_RDONLY)
@@ -127,6 +164,8 @@ class CheckpointFault(Protocol):
 
 
 def _choose(items: list[Path], pick: float) -> Path:
+    if not items:
+        raise ValueError("the checkpoint holds no file to damage")
     return items[min(int(pick * len(items)), len(items) - 1)]
 
 
@@ -199,10 +238,9 @@ class DeleteNewest:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         newest = checkpoints.newest
-        if newest.is_dir() and not newest.is_symlink():
-            shutil.rmtree(newest)  # fd-based on Linux: removes links inside, never what they point at
-        else:
-            newest.unlink()  # a link itself, never its target
+        checkpoints.newest_is_folder()  # refuses a link swapped in since the check
+        with checkpoints.folder() as base:
+            base.remove(checkpoints.relative(newest))  # links inside removed, never what they point at
         return Damage(self.name, str(newest), detail="the whole checkpoint", needs_rollback=False)
 
 
@@ -218,10 +256,10 @@ class DamageManifest:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         manifest = checkpoints.newest / MANIFEST
-        if not manifest.is_file() or manifest.is_symlink():
+        if not checkpoints.is_regular(manifest):
             raise ValueError(f"{checkpoints.newest} has no {MANIFEST}")
         if self.how == "delete":
-            manifest.unlink()
+            checkpoints.unlink(manifest)
         else:
             text = checkpoints.read(manifest).decode("utf-8", "replace")
             # only a digest's digits: a flipped hex letter in a key ("format") is damage no loader checks
@@ -242,7 +280,7 @@ class DropFile:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         target = _choose(CheckpointSet.data_files_of(checkpoints.newest), pick)
-        target.unlink()  # unlink never follows a link
+        checkpoints.unlink(target)
         return Damage(self.name, str(checkpoints.newest), _rel(target, checkpoints.newest))
 
 
@@ -256,12 +294,27 @@ class SwapOlder:
         newest, previous = checkpoints.newest, checkpoints.previous
         if previous is None:
             raise ValueError("swap-older needs two checkpoints")
-        if newest.is_dir():
-            shutil.rmtree(newest)
-            shutil.copytree(previous, newest, symlinks=True)  # a link is copied as a link, never followed
+        if checkpoints.newest_is_folder():
+            _replace_with_copy(checkpoints, previous, newest)
         else:
             checkpoints.rewrite(newest, checkpoints.read(previous))
         return Damage(self.name, str(newest), detail=f"content of {previous.name}")
+
+
+def _replace_with_copy(checkpoints: CheckpointSet, source: Path, target: Path) -> None:
+    """``target`` replaced by a copy of ``source``: copied beside it under a new name first, so a
+    copy that fails (a read-only folder, a full disk) leaves the checkpoint as it was and nothing
+    behind, then the old one removed and the copy renamed into its place, all through fds."""
+    temporary = target.with_name(f".spotchaos-swap-{target.name}")
+    with checkpoints.folder() as base:
+        try:
+            base.copy_tree(checkpoints.relative(source), checkpoints.relative(temporary))
+            base.remove(checkpoints.relative(target))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                base.remove(checkpoints.relative(temporary))
+            raise
+        base.rename(checkpoints.relative(temporary), checkpoints.relative(target))
 
 
 @dataclass(frozen=True)
@@ -279,7 +332,7 @@ class LatestPointer:
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
         pointer = checkpoints.newest.parent / LATEST
-        if not pointer.is_file() or pointer.is_symlink():
+        if not checkpoints.is_regular(pointer):
             raise ValueError(f"no {LATEST} pointer beside {checkpoints.newest.name}")
         if self.how == "stale":
             previous = checkpoints.previous
