@@ -42,7 +42,7 @@ from .logadapter import LogEventReader, StepConvention
 from .notices import MetadataNotice, channel
 from .plan import Plan, Preemption
 from .probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_FINAL_TENSORS, ENV_RUN_ID
-from .processes import end_marked
+from .processes import end_escaped
 from .restarts import diagnose
 from .safefs import UnsafeFile, last_lines, log_tail, read_text_bounded
 from .state_diff import keep, kept_dir
@@ -508,8 +508,9 @@ def _run_attempt(
             handle.cleanup()
             reader.close()
         finally:
-            # a process that left the job's group (setsid, a double fork) still carries the run's marker
-            escaped = end_marked(f"{ENV_RUN_ID}={run_id}")
+            # a process that left the job's group (setsid, a double fork) still carries the run's marker;
+            # one that dropped its environment too was re-parented to the harness, its subreaper
+            escaped = end_escaped(f"{ENV_RUN_ID}={run_id}", getattr(handle, "identity", {}).get("start"))
             options.live.discard(entry)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links inside are removed, never followed

@@ -5,17 +5,31 @@ A process here is named by its pid *and* its start time (``/proc/PID/stat`` fiel
 ticks since boot), or by the run's marker variable (``SPOTCHAOS_RUN_ID=<id>``) that every
 process of a job inherits, including one that left its process group with ``setsid()``.
 Linux ``/proc`` only; elsewhere these find nothing.
+
+The marker is not enough: a process started with a clean environment (``env -i``, ``sudo``, a
+launcher or a runtime shim) in a session of its own carries neither. So the harness makes itself
+the *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``) before its first job: whatever a job
+leaves orphaned, at any depth, is re-parented to the harness instead of to init, and is found by
+ancestry once the attempt ends (:func:`end_adopted`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 PROC = Path("/proc")
+PR_SET_CHILD_SUBREAPER = 36
+_subreaper = False
+# leaders of the jobs this process started itself and has not cleaned up yet: its own children,
+# never taken for orphans it adopted
+own_leaders: set[int] = set()
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -108,3 +122,64 @@ def end_marked(marker: str) -> list[str]:
     described = [describe(pid) for pid in found]
     end(found)
     return described
+
+
+def become_subreaper() -> bool:
+    """Make this process the subreaper of everything it starts (Linux 3.4+); once, idempotent."""
+    global _subreaper
+    if not _subreaper and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            _subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return _subreaper
+
+
+def _adopted(since: int) -> list[tuple[int, bool]]:
+    """(pid, is a zombie) for each child of this process that it did not start itself: not a
+    job leader it holds, not in its own process group (what ``subprocess.run`` starts), and
+    started at or after ``since`` (clock ticks: the ending attempt's start)."""
+    if not PROC.is_dir():
+        return []
+    me, group, skip = os.getpid(), os.getpgrp(), set(own_leaders)
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) in skip:
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is None or len(fields) < 20 or int(fields[1]) != me or int(fields[2]) == group:
+            continue
+        if int(fields[19]) >= since:
+            found.append((int(entry.name), fields[0] == "Z"))
+    return found
+
+
+def end_adopted(since: int | None, ended: Iterable[int] = (), timeout: float = 5.0) -> list[str]:
+    """End what an attempt left orphaned (re-parented to this subreaper): each one and, as they
+    are re-parented in turn, everything below it; reap the zombies. Describes the live ones not
+    in ``ended`` (already ended and described by the caller)."""
+    if not _subreaper or since is None:
+        return []
+    described: dict[int, str] = dict.fromkeys(ended, "")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _adopted(since)
+        if not found:
+            break
+        for pid, zombie in found:
+            if zombie:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            else:
+                described.setdefault(pid, describe(pid))
+                end([pid])  # its own children are re-parented here in turn: the next pass ends them
+        time.sleep(0.01)
+    return [text for text in described.values() if text]
+
+
+def end_escaped(marker: str, since: int | None) -> list[str]:
+    """End every process an attempt left behind outside its group: those carrying its marker,
+    then those it orphaned (found by ancestry, whatever their environment); one line each."""
+    found = carrying(marker)
+    described = [describe(pid) for pid in found]
+    end(found)
+    return described + end_adopted(since, ended=found)

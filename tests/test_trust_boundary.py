@@ -389,6 +389,46 @@ def test_a_process_that_escapes_the_group_is_ended_with_a_warning_and_temp_files
     assert not Path(scratch).exists() and not Path(scratch).parent.exists()  # gone with the attempt
 
 
+def test_a_process_that_drops_its_environment_and_its_group_is_still_found_by_ancestry(script, tmp_path):
+    """What ``env -i``, ``sudo`` or a launcher does: a helper in a session of its own with a clean
+    environment (no run marker), which starts a grandchild the same way. The harness is the
+    subreaper: both come back to it as orphans and are ended, named in the warning."""
+    command = script(
+        """
+        import os, subprocess, sys
+        from spotchaos.probe import Probe
+        here = os.path.dirname(os.path.abspath(__file__))
+        grandchild = (
+            "import subprocess, sys, time; "
+            "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], "
+            "start_new_session=True, env={}); "
+            f"open({os.path.join(here, 'grandchild')!r}, 'w').write(str(g.pid)); time.sleep(300)"
+        )
+        helper = subprocess.Popen([sys.executable, "-c", grandchild], start_new_session=True, env={})
+        with open(os.path.join(here, "helper"), "w") as f:
+            f.write(str(helper.pid))
+        probe = Probe.from_env()
+        probe.start()
+        probe.step(0, 1.0)
+        while not os.path.exists(os.path.join(here, "grandchild")):
+            pass
+        probe.final({}, step=0)
+        """
+    )
+    record = run_job(JobSpec(name="drops-env", command=command), Plan(), tmp_path / "run", EngineOptions(root=ROOT))
+    helper = int((tmp_path / "helper").read_text())
+    grandchild = int((tmp_path / "grandchild").read_text())
+    try:
+        assert not is_alive(helper) and not is_alive(grandchild), "a process that dropped its environment survived"
+        escaped = record.attempts[0].escaped
+        assert any(e.startswith(f"pid {helper} (") for e in escaped), escaped
+        assert any(e.startswith(f"pid {grandchild} (") for e in escaped), escaped
+    finally:
+        for pid in (helper, grandchild):
+            if is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 # --- 7. secrets: every window, every encoding, the jobs' own env secrets, kept run logs ----------
 
 SECRET = "sk-live-7fQ2mZ9xLp4RtW8vN3bK"

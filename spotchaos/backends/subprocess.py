@@ -15,7 +15,7 @@ import subprocess
 import time
 
 from ..errors import BackendError
-from ..processes import group_members, start_time
+from ..processes import become_subreaper, group_members, own_leaders, start_time
 from ..safefs import create_new
 from .base import LaunchSpec
 
@@ -70,6 +70,7 @@ class SubprocessHandle:
                 break
             if time.monotonic() > deadline:
                 raise BackendError(f"processes {self.survivors()} of job group {self.pid} survived SIGKILL for 10 s")
+        own_leaders.discard(self.pid)
         for log in self._logs:
             log.close()
         self._cleaned = True
@@ -90,6 +91,7 @@ class SubprocessBackend:
         except BaseException:
             stdout.close()
             raise
+        become_subreaper()  # what the job orphans comes back to the harness, not to init
         try:
             process = subprocess.Popen(
                 list(spec.argv),
@@ -104,4 +106,5 @@ class SubprocessBackend:
             stdout.close()
             stderr.close()
             raise BackendError(f"could not start {spec.argv[0]!r}: {exc.strerror or exc}") from None
+        own_leaders.add(process.pid)
         return SubprocessHandle(process, [stdout, stderr])

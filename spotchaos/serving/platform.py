@@ -24,7 +24,7 @@ from ..errors import JobError
 from ..extras import require
 from ..leftovers import LiveJobs
 from ..probe import ENV_RUN_ID
-from ..processes import end_marked, group_members
+from ..processes import end_escaped, group_members
 from ..safefs import last_lines, log_tail
 from .spec import InstanceType, ServiceSpec
 
@@ -160,7 +160,7 @@ class Instance:
                 self.watch.stop()
             self.handle.cleanup()
         finally:
-            end_marked(f"{ENV_RUN_ID}={self.run_id}")
+            end_escaped(f"{ENV_RUN_ID}={self.run_id}", self.handle.identity.get("start") if self.handle else None)
             self.live.discard(self.entry)
 
     def where(self) -> str:
