@@ -27,18 +27,17 @@ from .leftovers import LiveJobs
 from .options import RunOptions, resolve
 from .processes import children
 from .record import ScenarioRecord, as_reported, note_error
-from .redact import SecretMatcher, find_leaks, redact, secret_values
+from .redact import SecretMatcher, file_leaks, leaking_files, redact, redact_files, secret_values
 from .report import build_report, now_iso, write_json, write_text
 from .report.history import HISTORY_DIR, save_run
 from .report.markdown import render_markdown
 from .report.summary import figure_lines, lost_steps, verdict_word
 from .runner import ChaosRunner
-from .safefs import captured_logs, read_text_bounded, rewrite_logs
+from .safefs import UnsafeFile, open_regular
 from .sanitize import visible
 from .stash import RECORDS, STATE
 
 LOG = logging.getLogger("spotchaos")
-SCAN_BYTES = 256 << 20  # the most of one artifact the end-of-session secret scan reads
 CACHE_SEED = "spotchaos/seed"
 
 
@@ -216,6 +215,18 @@ def _catch_stop_signals(state: _State, config: pytest.Config) -> None:
         state.old_handlers[signum] = signal.signal(signum, stop)
 
 
+def _file_leaks(path: Path, matcher: SecretMatcher) -> bool:
+    """Whether one artifact holds a secret, read whole (streamed), never through a link."""
+    try:
+        fd = open_regular(path)
+    except (FileNotFoundError, UnsafeFile):
+        return False
+    try:
+        return file_leaks(fd, matcher)
+    finally:
+        os.close(fd)
+
+
 def _selected(state: _State) -> list[JobSpec]:
     o = state.options
     jobs = [j for j in state.settings.jobs if not o.jobs or j.name in o.jobs]
@@ -369,7 +380,7 @@ class _Collector:
         """After the JUnit XML is written (so it can be scanned), before the terminal summary."""
         result = yield
         # runs kept for inspection land in the report directory CI uploads: their logs are redacted too
-        rewrite_logs(self.state.runner.workdir, SecretMatcher(self.state.secrets).redact_text)
+        redact_files(self.state.runner.workdir, SecretMatcher(self.state.secrets))
         if hasattr(self.config, "workerinput"):  # an xdist worker sends its records to the controller
             self.config.workeroutput["spotchaos_secrets"] = list(self.state.runner.secrets)
             return result
@@ -402,12 +413,14 @@ class _Collector:
         xml = _junit_xml(self.config)
         if xml is not None and Path(xml.logfile).is_file():
             files.append(Path(xml.logfile))
-        captured = {str(f): read_text_bounded(f, SCAN_BYTES) for f in files if f.is_file()}
-        runs = self.config.rootpath / self.state.options.output / "runs"
-        captured.update({str(runs / name): text for name, text in captured_logs(runs).items()})
         state = self.state
         secrets = [*state.runner.secrets, *state.worker_secrets, *(s for j in _selected(state) for s in j.secrets())]
-        return find_leaks(captured, secrets)
+        matcher = SecretMatcher(secrets, shapes=False)
+        if not matcher.has_values:
+            return []
+        leaks = [str(f) for f in files if _file_leaks(f, matcher)]
+        runs = self.config.rootpath / self.state.options.output / "runs"
+        return sorted(leaks + [str(runs / name) for name in leaking_files(runs, matcher)])
 
     def _write_report(self) -> None:
         state = self.state

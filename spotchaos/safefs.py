@@ -18,7 +18,7 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -142,6 +142,12 @@ class Folder:
             raise _refuse(path, what)
         os.set_blocking(fd, True)  # a regular file: blocking reads are bounded by its size
         return fd
+
+    def create_file(self, relative: str | PurePath, mode: int = 0o644) -> int:
+        """A new file below this folder, for writing: refused if anything, a link included, is there."""
+        parent, name = self._parent(relative)
+        with parent:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode, dir_fd=parent.fd)
 
     def mode(self, relative: str | PurePath) -> int:
         """The entry's own mode (a link's, never its target's)."""
@@ -310,39 +316,6 @@ def regular_files(top: Path) -> list[Path]:
                 if stat.S_ISREG(os.lstat(path).st_mode):
                     found.append(path)
     return found
-
-
-LOG_SUFFIXES = (".log", ".jsonl", ".out", ".err")
-LOG_BYTES = 16 << 20
-
-
-def captured_logs(root: Path, limit: int = LOG_BYTES) -> dict[str, str]:
-    """Every log of a run directory (stdout, stderr, events, helper output) by relative name:
-    regular files only, reached without a link, each read up to ``limit`` bytes."""
-    found: dict[str, str] = {}
-    if not root.is_dir():
-        return found
-    for path in regular_files(root):
-        if path.suffix in LOG_SUFFIXES:
-            with contextlib.suppress(UnsafeFile, OSError):
-                found[str(path.relative_to(root))] = read_text_bounded(path, limit)
-    return found
-
-
-def rewrite_logs(root: Path, transform: Callable[[str], str]) -> list[str]:
-    """Apply ``transform`` to every log under ``root`` (see :func:`captured_logs`), rewriting in
-    place, through an fd that followed no link, the ones it changes; their relative names."""
-    changed = []
-    for name, text in captured_logs(root).items():
-        new = transform(text)
-        if new == text:
-            continue
-        with contextlib.suppress(UnsafeFile, OSError):
-            fd = open_beneath(root, name, os.O_WRONLY | os.O_TRUNC)
-            with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
-                f.write(new)
-            changed.append(name)
-    return changed
 
 
 def create_new(path: Path) -> Any:

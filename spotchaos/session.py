@@ -35,8 +35,7 @@ from .logadapter import StepConvention, convention_from_dict
 from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
 from .rank_verdict import add_rank_verdicts
-from .redact import find_leaks
-from .safefs import captured_logs
+from .redact import leaking_files, secret_variables
 from .state_diff import KEEP_BYTES, StateDifference, kept_dir, too_big
 from .state_diff import compare as compare_kept
 from .torchrun import published_without_metadata
@@ -299,10 +298,10 @@ class SessionCore:
 
     def leaks(self, job: JobSpec, run: RunRecord) -> str | None:
         """A failure naming where a run's captured output shows a secret of its job, if it does."""
-        found = find_leaks(captured_logs(Path(run.workdir)), self.secrets_of(job))
+        found = leaking_files(Path(run.workdir), self.secrets_of(job))
         if not found:
             return None
-        names = sorted(k for k, v in job.environment().items() if v in job.secrets())
+        names = sorted(secret_variables({**job.environment(), **dict(job.container.env if job.container else ())}))
         return (
             f"a secret ({', '.join(names) or 'a storage credential'}, or 8 characters of it, or its encoding) "
             f"appears in: {', '.join(found)}; the job must not print its credentials"

@@ -503,6 +503,94 @@ def test_every_window_and_encoding_of_a_secret_is_redacted_and_found(leak):
     assert find_leaks({"stderr.log": text, "clean.log": clean}, SECRET) == ["stderr.log"]
 
 
+GITHUB_PAT = "ghp_" + "Zq7Lm2Xv9Rt4Wb8Nc3Kd5Hj6Fg1Ps0Ay2Eu7I"[:36]
+SIGNING_KEY = "Zx81kQp0LmA7vR3tYw9eBn4C"
+WEBHOOK = "https://hooks.slack.com/services/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"
+DB_PASSWORD_IN_URL = "s3cretDBpw1"
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjaS1ib3QifQ.Qm9ndXNTaWduYXR1cmVGb3JUZXN0cw"
+SHAPED_PROJECT = {
+    "pyproject.toml": f"""
+        [tool.spotchaos.jobs.shaped]
+        command = ["python", "shaped.py"]
+
+        [tool.spotchaos.jobs.shaped.env]
+        DATABASE_URL = "postgresql://admin:{DB_PASSWORD_IN_URL}@db.internal/app"
+        GITHUB_PAT = "{GITHUB_PAT}"
+        SLACK_WEBHOOK_URL = "{WEBHOOK}"
+        SIGNING_KEY = "{SIGNING_KEY}"
+    """,
+    ".env": f"GITHUB_PAT={GITHUB_PAT}\n",
+    "shaped.py": f"""
+        import json, os, sys
+        from spotchaos.probe import Probe, checkpoint_dir_from_env
+        folder = checkpoint_dir_from_env()
+        os.makedirs(folder, exist_ok=True)
+        names = ("DATABASE_URL", "GITHUB_PAT", "SLACK_WEBHOOK_URL", "SIGNING_KEY")
+        with open(os.path.join(folder, "run_config.json"), "w") as f:  # a kept file of no log's name
+            json.dump({{n: os.environ[n] for n in names}}, f)
+        with open(os.path.join(folder, "train_log.txt"), "w") as f:
+            f.write("session token {JWT}\\n")  # a credential by its shape alone
+        notes = os.path.join(folder, "notes.log")
+        if not os.path.exists(notes):
+            os.link(os.path.abspath(".env"), notes)  # a kept log that is a hard link to the project's .env
+        filler = ("step 0 loss 1.0 " * 8 + "\\n").encode()
+        out = sys.stdout.buffer
+        for _ in range((17 << 20) // len(filler)):  # past the first 16 MiB of the log
+            out.write(filler)
+        out.write(("late: " + os.environ["GITHUB_PAT"] + "\\n").encode())
+        out.flush()
+        print("connecting to", os.environ["DATABASE_URL"], "as", os.environ["SIGNING_KEY"], flush=True)
+        probe = Probe.from_env()
+        probe.start()
+        for step in range(3):
+            probe.step(step, 1.0)
+        probe.final({{}}, step=2)
+    """,
+    "test_shaped.py": """
+        def test_shaped(spotchaos, spotchaos_job):
+            spotchaos.check(spotchaos_job, "sigkill@1")
+    """,
+}
+
+
+def test_credentials_found_by_shape_never_reach_an_artifact_and_a_hard_linked_log_is_replaced_not_written(tmp_path):
+    """Credentials whose variable is not named like a secret, in files of any name, past 16 MiB of
+    a log, and in a kept log hard-linked to the project's .env (which must stay as it was)."""
+    project = write_project(tmp_path, SHAPED_PROJECT)
+    env_before = (project / ".env").read_bytes()
+    result = run_pytest(project, "--spotchaos", "--spotchaos-keep-runs", "--junitxml=junit.xml", "test_shaped.py")
+    assert "1 failed" in result.stdout, result.stdout[-3000:]
+    assert "a secret (DATABASE_URL, GITHUB_PAT, SIGNING_KEY, SLACK_WEBHOOK_URL" in result.stdout, result.stdout[-3000:]
+    assert (project / ".env").read_bytes() == env_before, "redaction wrote through a hard link"
+    report = project / "spotchaos-report"
+    artifacts = [report / "report.json", report / "report.md", report / "report.html", project / "junit.xml"]
+    artifacts += [p for p in (report / "runs").rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.name == "run_config.json" for p in artifacts) and any(p.name == "notes.log" for p in artifacts)
+    raw = [GITHUB_PAT, SIGNING_KEY, WEBHOOK, DB_PASSWORD_IN_URL, JWT, GITHUB_PAT[10:18], WEBHOOK[-12:]]
+    for path in artifacts:
+        data = path.read_bytes()
+        assert not [r for r in raw if r.encode() in data], f"a raw credential in {path}"
+    assert not [r for r in raw if r in result.stdout + result.stderr], "a raw credential on the terminal"
+    stdout_logs = list((report / "runs").rglob("stdout.log"))
+    assert stdout_logs and all(p.stat().st_size > 16 << 20 for p in stdout_logs), "the log was cut, not redacted"
+
+
+@pytest.mark.unit
+def test_redaction_streams_whole_files_and_finds_a_secret_across_a_chunk_edge(tmp_path):
+    from spotchaos.redact import CHUNK, REDACTED, SecretMatcher, leaking_files, redact_files
+
+    matcher = SecretMatcher([SECRET])
+    edge = CHUNK - len(SECRET) // 2  # the secret straddles the first chunk's end
+    data = b"x" * edge + SECRET.encode() + b"\n" + b"y" * (CHUNK // 2) + SECRET.encode()[-9:]
+    (tmp_path / "big.bin").write_bytes(data)
+    (tmp_path / "clean.txt").write_bytes(b"nothing here\n")
+    assert leaking_files(tmp_path, [SECRET]) == ["big.bin"]
+    assert redact_files(tmp_path, matcher) == ["big.bin"]
+    out = (tmp_path / "big.bin").read_bytes()
+    assert out == b"x" * edge + REDACTED.encode() + b"\n" + b"y" * (CHUNK // 2) + REDACTED.encode()
+    assert leaking_files(tmp_path, [SECRET]) == [] and not list(tmp_path.glob(".*redacted"))
+
+
 # --- 8. the fault proxy never forwards moto's admin API ------------------------------------------
 
 

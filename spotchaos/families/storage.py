@@ -19,8 +19,7 @@ from ..overhead import checkpoint_blocking
 from ..plan import Plan, Preemption
 from ..probe import ENV_CHECKPOINT_URI
 from ..record import ScenarioRecord, note_plans, note_run, note_storage
-from ..redact import find_leaks, redact
-from ..safefs import captured_logs
+from ..redact import find_leaks, leaking_files, redact
 from ..session import SessionCore
 from ..verdict import judge
 
@@ -76,7 +75,7 @@ def check_storage(
         run = core.execute(job, plan, workdir, storage_faults=faults)
     except JobError as exc:
         figures = {"scenario": "storage faults", "faults": names, "plan": str(plan)}
-        problems = [str(exc), STORAGE_HINT, *_leak_problems(_captured(workdir), core.secrets_of(job))]
+        problems = [str(exc), STORAGE_HINT, *_leak_problems(workdir, core.secrets_of(job))]
         _storage_verdict(record, figures, problems, f"job {job.name!r} under {names} ({plan}): ")
         raise  # not reached: the problems above are never empty
     acted = {f.name: proxy.injected.get(f.name, 0) - before.get(f.name, 0) for f in faults}
@@ -141,7 +140,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
     except JobError as exc:
         figures = {"scenario": "preempted during a slow upload", "plan": str(plan), "torn_step": torn}
         problems = [f"killed while the checkpoint after step {torn} was uploading: {exc}", TORN_HINT]
-        problems += _leak_problems(_captured(workdir), core.secrets_of(job))
+        problems += _leak_problems(workdir, core.secrets_of(job))
         _storage_verdict(record, figures, problems, f"job {job.name!r}: ")
         raise  # not reached: the problems above are never empty
     if torn in [e["step"] for e in run.attempts[0].of_kind("checkpoint")]:
@@ -170,7 +169,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
 def _storage_outcome(
     core: SessionCore, job, record, plan, run, verdict, reference, figures, problems, names
 ) -> dict[str, Any]:
-    problems = [*problems, *_leak_problems(_captured(run.workdir), core.secrets_of(job))]
+    problems = [*problems, *_leak_problems(run.workdir, core.secrets_of(job))]
     note_run(record, plan, run, verdict, reference)
     _storage_verdict(record, figures, problems, f"job {job.name!r} under {names}: ")
     core.discard(run)
@@ -237,9 +236,7 @@ def check_storage_refusal(
     changed = sorted(k for k in before if after.get(k) != before[k])
     if changed:
         problems.append(f"checkpoint objects that existed before changed or vanished: {', '.join(changed[:5])}")
-    captured = _captured(workdir)
-    captured["the harness's message"] = message
-    leaks = _leaks(captured, secrets)
+    leaks = sorted(leaking_files(Path(workdir), secrets) + find_leaks({"the harness's message": message}, secrets))
     problems += _leak_problem(leaks)
     if message and " with status " not in message:
         problems.append(f"the job did not end with a non-zero exit: {message.splitlines()[0]}")
@@ -258,19 +255,9 @@ def check_storage_refusal(
     return figures
 
 
-def _captured(workdir: Path | str) -> dict[str, str]:
-    """What the harness captured of a run, by name: every attempt's stdout, stderr and events
-    (regular files only, bounded: the job wrote them)."""
-    return captured_logs(Path(workdir))
-
-
-def _leaks(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
-    """Names of the captured texts holding a leaked window (or encoding) of any of ``secrets``."""
-    return find_leaks(captured, secrets)
-
-
-def _leak_problems(captured: dict[str, str], secrets: Sequence[str]) -> list[str]:
-    return _leak_problem(_leaks(captured, secrets))
+def _leak_problems(workdir: Path | str, secrets: Sequence[str]) -> list[str]:
+    """A problem naming every file of a run (whatever its name) holding a secret, if any does."""
+    return _leak_problem(leaking_files(Path(workdir), secrets))
 
 
 def _leak_problem(leaks: list[str]) -> list[str]:
