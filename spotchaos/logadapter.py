@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import re2
+
 from .checkpoint_reader import ConfinedLoad, NeedsFullUnpickle, read_checkpoint
 from .errors import ConfigError, JobError
 from .events import Event, LineReader
@@ -110,8 +112,8 @@ class LogSpec:
             raise ConfigError(f"{self.where}.checkpoint_complete: needs checkpoints (the glob it completes)")
 
     @property
-    def regex(self) -> re.Pattern[str]:
-        return re.compile(self.pattern)
+    def regex(self) -> Any:
+        return _compiled(self.pattern, f"{self.where}.pattern")
 
     @property
     def default_pattern(self) -> bool:
@@ -136,11 +138,24 @@ class LogSpec:
         return [path.with_name(t.format(name=path.name, stem=path.stem)) for t in self.checkpoint_complete]
 
 
-def _compiled(pattern: str, where: str) -> re.Pattern[str]:
+def _compiled(pattern: str, where: str) -> Any:
+    """``pattern`` compiled by RE2: matching takes time linear in the line, whatever the job
+    prints, so no line can stall the loop that enforces every timeout (Python's ``re`` backtracks:
+    ``(a|aa)+$`` on one long line takes longer than any timeout). Look-arounds and back-references,
+    which need backtracking, are refused in one line."""
+    if not isinstance(pattern, str):
+        raise ConfigError(f"{where}: must be a regular expression (a string), got {pattern!r}")
+    options = re2.Options()
+    options.log_errors = False
     try:
-        return re.compile(pattern)
-    except (re.error, TypeError) as exc:
-        raise ConfigError(f"{where}: {pattern!r} is not a regular expression: {exc}") from None
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ConfigError(
+            f"{where}: {pattern!r} is not a regular expression RE2 can run in linear time ({reason}): "
+            "spotchaos matches the job's output with RE2 so no line can stall its timeouts; write it without "
+            "look-arounds or back-references"
+        ) from None
 
 
 _LOG_KEYS = {
@@ -266,7 +281,8 @@ class LogEventReader:
         offset = CHECKPOINT_STEP_MEANINGS[spec.checkpoint_step](spec.first_step or 0) if spec.checkpoint_step else 1
         self.convention = convention or StepConvention(spec.first_step or 0, offset)
         self._regex = spec.regex
-        self._rollback = re.compile(spec.rollback_pattern) if spec.rollback_pattern else None
+        rollback = spec.rollback_pattern
+        self._rollback = _compiled(rollback, f"{spec.where}.rollback_pattern") if rollback else None
         self._lines = LineReader(log_path, f"{spec.stream} log")
         self._seen_files: dict[Path, tuple[int, int]] = {}
         self._unreadable: dict[Path, tuple[int, int]] = {}  # not whole yet at this (mtime, size): not read again
@@ -337,7 +353,7 @@ class LogEventReader:
         events.append(self._event("step", step=step, loss=loss.hex(), printed=loss_text))
         return events
 
-    def _check_line(self, line: str, found: re.Match[str], printed: int) -> None:
+    def _check_line(self, line: str, found: Any, printed: int) -> None:
         """The uninterrupted run must print one matching line per step, counted from 0 or 1, and
         the default pattern must not be matching two kinds of line: every other judgment rests on it."""
         where = f"job {self.job!r}: {self.spec.where}.pattern"
@@ -374,7 +390,7 @@ class LogEventReader:
                 "lines, or does the script log only every few steps? it must log every step)"
             )
 
-    def _rollback_event(self, line: str, found: re.Match[str]) -> Event:
+    def _rollback_event(self, line: str, found: Any) -> Event:
         """The script says it skipped a checkpoint that did not verify: the probe's rollback event."""
         named = found.groupdict().get("path")
         uri = ""

@@ -591,6 +591,38 @@ def test_redaction_streams_whole_files_and_finds_a_secret_across_a_chunk_edge(tm
     assert leaking_files(tmp_path, [SECRET]) == [] and not list(tmp_path.glob(".*redacted"))
 
 
+def test_a_log_pattern_that_would_backtrack_forever_cannot_stall_the_timeouts(script, tmp_path):
+    """``(?:x+x+)+y`` on a line of 40 x's takes Python's ``re`` longer than the age of the universe;
+    RE2 answers at once, so the job that then hangs is ended by its 5 s timeout."""
+    from spotchaos.logadapter import LogSpec
+
+    command = script(
+        """
+        import time
+        print("step 1 " + "x" * 40 + " loss 1.0", flush=True)
+        time.sleep(300)
+        """
+    )
+    log = LogSpec(pattern=r"step (?P<step>\d+) (?:x+x+)+y loss (?P<loss>[0-9.]+)")
+    job = JobSpec(name="backtracks", command=command, log=log, start_timeout_seconds=5, event_timeout_seconds=5)
+    started = time.monotonic()
+    with pytest.raises(JobError) as caught:
+        run_job(job, Plan(), tmp_path / "run", EngineOptions(root=ROOT))
+    assert time.monotonic() - started < 30
+    assert "5" in str(caught.value).splitlines()[0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("pattern", [r"step (?P<step>\d+)(?=,) loss (?P<loss>\S+)", r"(?P<step>\d+) (?P<loss>\S+) \1"])
+def test_a_log_pattern_that_needs_backtracking_is_one_clear_error(pattern):
+    from spotchaos.logadapter import LogSpec
+
+    with pytest.raises(ConfigError) as caught:
+        LogSpec(pattern=pattern)
+    message = str(caught.value)
+    assert "\n" not in message and "linear time" in message and "look-arounds or back-references" in message
+
+
 # --- 8. the fault proxy never forwards moto's admin API ------------------------------------------
 
 
