@@ -273,3 +273,81 @@ def test_service_settings_are_checked(table, message):
         return
     with pytest.raises(ConfigError, match=message):
         service_from_mapping("s", table, "pyproject.toml")
+
+
+# --- bounds: a service under test cannot hold the harness up or fill its memory ---------------
+
+_ENDLESS_SERVICE = """
+import socket, sys, threading, time
+port = int(sys.argv[1])
+server = socket.create_server(("127.0.0.1", port))
+
+def answer(conn):
+    conn.recv(65536)
+    try:
+        if TRICKLE:  # the status line one byte every half second: every read succeeds, none completes
+            for byte in b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok":
+                conn.sendall(bytes([byte]))
+                time.sleep(0.5)
+        else:  # a stream that never ends, as fast as loopback carries it
+            conn.sendall(b"HTTP/1.1 200 OK\\r\\nTransfer-Encoding: chunked\\r\\n\\r\\n")
+            chunk = b"x" * 65536
+            while True:
+                conn.sendall(b"10000\\r\\n" + chunk + b"\\r\\n")
+    except OSError:
+        pass
+    finally:
+        conn.close()
+
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=answer, args=(conn,), daemon=True).start()
+"""
+
+
+def _endless_server(script, trickle: bool) -> tuple[str, ...]:
+    return (*script(f"TRICKLE = {trickle}\n" + _ENDLESS_SERVICE, name=f"endless_{trickle}.py"), "{port}")
+
+
+def test_a_readiness_answer_trickled_byte_by_byte_cannot_outlast_the_start_timeout(runner, script):
+    spec = ServiceSpec(name="trickles", command=_endless_server(script, True), start_timeout_seconds=3)
+    started = time.monotonic()
+    with pytest.raises(JobError, match=r"did not serve within 3 s: GET /ready never answered 200"):
+        runner.check_drain(spec)
+    assert time.monotonic() - started < 20
+
+
+def test_an_endless_stream_is_counted_not_kept(script):
+    """Two workers reading a stream that never ends, for 3 s with a 1 s deadline: every request is a
+    timeout, and the harness's memory does not grow with what it was sent."""
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    from spotchaos.serving.load import Load
+    from spotchaos.serving.spec import RequestRecipe
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [part.replace("{port}", str(port)) for part in _endless_server(script, False)]
+    server = subprocess.Popen([sys.executable, *command[1:]])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        load = Load(f"http://127.0.0.1:{port}", RequestRecipe(method="GET", path="/"), 2, 1.0).start()
+        time.sleep(3)
+        load.stop()
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    finally:
+        server.kill()
+        server.wait()
+    outcomes = {r.outcome for r in load.records}
+    assert outcomes == {"timeout"} and len(load.records) >= 4, [r.outcome for r in load.records]
+    assert grown_mb < 100, f"the harness grew {grown_mb:.0f} MB reading an endless stream"

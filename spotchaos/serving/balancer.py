@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from ..extras import require
+from .answers import bounded_request
 
 CHECK_SECONDS = 0.1
 INSTANCE_HEADER = "x-spotchaos-instance"
@@ -94,10 +95,10 @@ class Balancer:
             await asyncio.sleep(CHECK_SECONDS)
 
     async def _check(self, label: str, base_url: str) -> None:
-        try:
-            answer = await self._client.get(base_url + self.ready_path, timeout=1.0)
-            self.ready[label] = answer.status_code == 200
-        except self.httpx.HTTPError:
+        try:  # the status only, within 1 s in all: a trickled or endless answer cannot hold the checks up
+            answer = await bounded_request(self._client, "GET", base_url + self.ready_path, 1.0, read_body=False)
+            self.ready[label] = answer.status == 200
+        except (self.httpx.HTTPError, TimeoutError):
             self.ready[label] = False
 
     def _pick(self, avoid: str | None = None) -> str | None:

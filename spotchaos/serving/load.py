@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..extras import require
+from .answers import bounded_request
 from .spec import RequestRecipe
 
 RETRY_PAUSE_SECONDS = 0.05  # a refused client tries again this much later (or after Retry-After, capped)
@@ -95,34 +96,33 @@ class Load:
         httpx, recipe = self.httpx, self.recipe
         request = recipe.make(next(self._numbers))
         started = time.monotonic()
-        try:
-            async with client.stream(
-                request.method, request.path, content=request.content, headers=dict(request.headers)
-            ) as response:
-                status = response.status_code
-                retry_after = response.headers.get("retry-after")
-                instance = response.headers.get("x-spotchaos-instance")
-                try:
-                    body = b"".join([chunk async for chunk in response.aiter_bytes()])
-                except (httpx.RemoteProtocolError, httpx.ReadError) as exc:  # the answer began, then broke off
-                    outcome = "cut" if recipe.stream else "dropped"
-                    return RequestRecord(
-                        worker, started, time.monotonic(), outcome, status, None, _short(exc), instance
-                    )
+        try:  # a total deadline, and the body counted, not kept: an endless stream costs neither time nor memory
+            answer = await bounded_request(
+                client,
+                request.method,
+                request.path,
+                self.timeout,
+                content=request.content,
+                headers=dict(request.headers),
+            )
         except httpx.ConnectError as exc:
             return RequestRecord(worker, started, time.monotonic(), "refused", detail=_short(exc))
-        except httpx.TimeoutException as exc:
-            return RequestRecord(worker, started, time.monotonic(), "timeout", detail=_short(exc))
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            detail = _short(exc) if str(exc) else f"no whole answer within {self.timeout:g} s"
+            return RequestRecord(worker, started, time.monotonic(), "timeout", detail=detail)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:  # sent, then broken off
             outcome = "cut" if recipe.stream else "dropped"
             return RequestRecord(worker, started, time.monotonic(), outcome, detail=_short(exc))
         ended = time.monotonic()
+        status, body, tail = answer.status, answer.head, answer.tail
+        retry_after = answer.headers.get("retry-after")
+        instance = answer.headers.get("x-spotchaos-instance")
         if status == 503:
             return RequestRecord(worker, started, ended, "unavailable", status, retry_after, instance=instance)
         if not 200 <= status < 300:
             detail = body[:120].decode("utf-8", "replace")
             return RequestRecord(worker, started, ended, "error", status, detail=detail, instance=instance)
-        if recipe.stream and recipe.stream_end and not body.rstrip().endswith(recipe.stream_end.encode()):
+        if recipe.stream and recipe.stream_end and not tail.rstrip().endswith(recipe.stream_end.encode()):
             detail = f"no {recipe.stream_end!r} at the end"
             return RequestRecord(worker, started, ended, "cut", status, detail=detail, instance=instance)
         return RequestRecord(worker, started, ended, "ok", status, instance=instance)

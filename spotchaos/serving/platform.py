@@ -26,6 +26,7 @@ from ..leftovers import LiveJobs
 from ..probe import ENV_RUN_ID
 from ..processes import end_escaped, group_members
 from ..safefs import last_lines, log_tail
+from .answers import request_once
 from .spec import InstanceType, ServiceSpec
 
 ENV_INSTANCE_TYPE = "SPOTCHAOS_INSTANCE_TYPE"
@@ -184,7 +185,8 @@ class Instance:
         return f"it exited with status {code}"
 
     def first_answer(self, timeout: float) -> FirstAnswer:
-        """Wait for readiness, then for one full answer to the recipe; a clear JobError if either never comes."""
+        """Wait for readiness, then for one full answer to the recipe; a clear JobError if either never
+        comes. Each request has a total deadline (a trickled answer cannot outlast ``timeout``)."""
         httpx = require("httpx", "serve", "a service scenario")
         service, recipe = self.service, self.service.request
         ready: float | None = None
@@ -199,21 +201,23 @@ class Instance:
                     f"{self.death(code)}; its stderr:\n{_tail(self.spec.stderr_path)}"
                 )
             try:
+                left = max(deadline - time.monotonic(), 0.05)
                 if ready is None:
-                    if httpx.get(self.base_url + service.ready_path, timeout=1.0).status_code == 200:
+                    url = self.base_url + service.ready_path
+                    if request_once("GET", url, min(1.0, left), read_body=False).status == 200:
                         ready = time.monotonic() - self.launched_at
                         continue
                 else:
-                    answer = httpx.request(
+                    answer = request_once(
                         first.method,
                         self.base_url + first.path,
+                        min(10.0, left),
                         content=first.content,
                         headers=dict(first.headers),
-                        timeout=10.0,
                     )
-                    if answer.status_code == 200:
-                        return FirstAnswer(ready, time.monotonic() - self.launched_at, answer.content)
-            except httpx.HTTPError:
+                    if answer.status == 200:
+                        return FirstAnswer(ready, time.monotonic() - self.launched_at, answer.head)
+            except (httpx.HTTPError, TimeoutError):
                 pass
             if time.monotonic() > deadline:
                 what = f"GET {service.ready_path} never answered 200" if ready is None else "no request was answered"
