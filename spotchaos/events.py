@@ -29,6 +29,10 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 
 MAX_LINE_SHOWN = 160
+MAX_DEPTH = 32  # nesting of an event's JSON: the contract's deepest is 3
+MAX_INT = 2**63  # every integer of an event: a 4000-digit one would overflow the report's arithmetic
+MAX_STEP = 2**53  # steps are counted in floats by the plots
+MAX_SECONDS = 1e9  # about 30 years
 MAX_LINE_BYTES = 1 << 20  # an event or a log line longer than this is refused: a job's garbage never fills memory
 READ_BYTES = 4 << 20  # read at most this much per poll, so a flood cannot stall the timeouts
 
@@ -38,6 +42,7 @@ def validate_event(record: Any, where: str) -> Event:
     if not isinstance(record, dict) or not isinstance(record.get("event"), str):
         raise JobError(f"{where}: an event must be a JSON object with a string field 'event'")
     kind = record["event"]
+    _check_numbers(record, kind, where)
     for field, expected in _REQUIRED.get(kind, {}).items():
         value = record.get(field)
         if not isinstance(value, expected) or isinstance(value, bool):
@@ -54,6 +59,34 @@ def validate_event(record: Any, where: str) -> Event:
 
 
 _SCALAR = (str, int, float, bool, type(None))
+_COUNTS = {"step": MAX_STEP, "from_step": MAX_STEP, "bytes": MAX_INT}
+
+
+def _check_numbers(record: dict[str, Any], kind: str, where: str) -> None:
+    """Every number of an event in range, and its nesting shallow, before anything computes with
+    them: the job wrote them, and a 4000-digit integer or a NaN duration would crash the report."""
+    stack: list[tuple[Any, str, int]] = [(record, "", 0)]
+    while stack:
+        value, name, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise JobError(f"{where}: '{kind}' event is nested deeper than {MAX_DEPTH} levels (at {name or 'the top'})")
+        if isinstance(value, dict):
+            stack += [(v, f"{name}.{k}" if name else str(k), depth + 1) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{name}[{i}]", depth + 1) for i, v in enumerate(value)]
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
+            raise JobError(f"{where}: '{kind}' event field '{name}' holds an integer of {len(str(abs(value)))} digits")
+    for field, limit in _COUNTS.items():
+        value = record.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < limit:
+            raise JobError(f"{where}: '{kind}' event field '{field}' must be from 0 to {limit - 1}, got {value}")
+    limits = [("seconds", record.get("seconds"), MAX_SECONDS)]
+    memory = record.get("memory")
+    if isinstance(memory, dict):
+        limits += [(f"memory.{k}", v, float(MAX_INT)) for k, v in memory.items()]
+    for field, value, limit in limits:
+        if isinstance(value, int | float) and not isinstance(value, bool) and not 0 <= value < limit:
+            raise JobError(f"{where}: '{kind}' event field '{field}' must be from 0 to {limit:g}, got {value!r}")
 
 
 def _check_shapes(record: dict[str, Any], kind: str, where: str) -> None:
@@ -151,6 +184,8 @@ class EventReader:
         where = f"{self.path.name} line {self._line_number}"
         try:
             record = json.loads(raw)
+        except RecursionError:
+            raise JobError(f"{where}: an event nested deeper than Python can parse: refused") from None
         except (UnicodeDecodeError, ValueError):
             shown = raw[:MAX_LINE_SHOWN].decode("utf-8", "replace")
             raise JobError(f"{where}: not a JSON event: {shown!r}") from None

@@ -29,7 +29,7 @@ import re2
 
 from .checkpoint_reader import ConfinedLoad, NeedsFullUnpickle, read_checkpoint
 from .errors import ConfigError, JobError
-from .events import Event, LineReader
+from .events import MAX_LINE_SHOWN, MAX_STEP, Event, LineReader
 from .extras import require
 
 STREAMS = ("stdout", "stderr")
@@ -332,6 +332,11 @@ class LogEventReader:
                 f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its step group "
                 f"{step_text!r} is not an integer"
             ) from None
+        if not 0 <= printed < MAX_STEP:
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.pattern matched a line whose step group is out of range "
+                f"({len(step_text)} digits; from 0 to {MAX_STEP - 1}): {line.strip()[:MAX_LINE_SHOWN]!r}"
+            )
         try:
             loss = float(loss_text)
         except (TypeError, ValueError):

@@ -263,6 +263,7 @@ class _Collector:
         self.saved: Path | None = None
         self.leaks: list[str] = []
         self.html_missing = ""  # why report.html was not written (an extra not installed)
+        self.write_error: str | None = None  # why the report could not be written, in one line
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
@@ -387,7 +388,18 @@ class _Collector:
         if session.exitstatus == pytest.ExitCode.INTERRUPTED and self.state.interrupted is None:
             self.state.interrupted = "SIGINT"
         self._record_interrupted()
-        self._write_report()
+        try:
+            self._write_report()
+        except OSError as exc:  # the report folder full, read-only or replaced mid-run: one line, never a traceback
+            where = exc.filename or self._report_path().parent
+            self.write_error = (
+                f"spotchaos could not write its report ({where}: {exc.strerror or exc}): the scenarios' "
+                "own results are above; free or fix the report folder (--spotchaos-output) and run again"
+            )
+        except Exception as exc:  # the harness's own bug: an error, never a pass
+            self.write_error = f"spotchaos could not write its report: {type(exc).__name__}: {exc}"
+        if self.write_error is not None:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.leaks = self._scan_for_secrets()
         if self.leaks:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -475,6 +487,8 @@ class _Collector:
                 tr.write_line(f"report.html not written: {self.html_missing}")
         if self.saved is not None:
             tr.write_line(f"saved as {self.saved} (compare runs with: spotchaos compare previous latest)")
+        if self.write_error is not None:
+            tr.write_line(visible(f"ERROR: {self.write_error}"))
         if self.leaks:
             tr.write_line(
                 f"FAILED: a secret (or 8 characters of one, or its encoding) appears in: {', '.join(self.leaks)}"

@@ -174,8 +174,17 @@ def run_guarded(job: JobSpec, workdir: Path, seconds: float = 60):
         ("os.mkfifo(path)", r"events.jsonl is a FIFO"),
         ("os.symlink('/dev/zero', path)", r"events.jsonl is a symbolic link \(events.jsonl -> /dev/zero\)"),
         ("open(path, 'wb').write(b'x' * (3 << 20))", r"longer than 1048576 bytes"),
+        (
+            """open(path, 'w').write('{"event": "start", "schema": 1}\\n{"event": "step", "step": 0, '
+            '"loss": "0x1p+0", "memory": {"max_rss": ' + '9' * 4000 + '}}\\n')""",
+            r"events.jsonl line 2: 'step' event field 'memory.max_rss' holds an integer of 4000 digits",
+        ),
+        (
+            "open(path, 'w').write('{\"event\": \"x\", \"a\": ' + '[' * 100000 + '\\n')",
+            r"events.jsonl line 1: an event nested deeper",
+        ),
     ],
-    ids=["fifo", "dev-zero", "endless-line"],
+    ids=["fifo", "dev-zero", "endless-line", "4000-digit-number", "100000-deep"],
 )
 def test_events_file_tricks_end_in_one_clear_error(script, tmp_path, trick, says):
     command = script(
@@ -621,6 +630,48 @@ def test_a_log_pattern_that_needs_backtracking_is_one_clear_error(pattern):
         LogSpec(pattern=pattern)
     message = str(caught.value)
     assert "\n" not in message and "linear time" in message and "look-arounds or back-references" in message
+
+
+BROKEN_RESUME_PROJECT = {
+    "pyproject.toml": """
+        [tool.spotchaos.jobs.no-resume]
+        command = ["python", "no_resume.py"]
+    """,
+    "no_resume.py": """
+        import os, sys, time
+        from spotchaos.probe import Probe
+        if os.environ.get("SPOTCHAOS_ATTEMPT", "0") != "0":
+            sys.exit("no checkpoint to resume from")
+        probe = Probe.from_env()
+        probe.start()
+        for step in range(4):
+            probe.step(step, 1.0)
+            time.sleep(0.05)
+        probe.final({}, step=3)
+    """,
+    "test_no_resume.py": """
+        import os, shutil
+
+        def test_no_resume(spotchaos, spotchaos_job):
+            try:
+                spotchaos.check(spotchaos_job, "sigkill@1")
+            finally:  # the report folder is gone mid-run, a file in its place: nothing can be written there
+                shutil.rmtree("spotchaos-report")
+                with open("spotchaos-report", "w") as f:
+                    f.write("not a folder")
+    """,
+}
+
+
+def test_a_report_folder_that_cannot_be_written_is_one_line_and_the_scenarios_failure_still_shows(tmp_path):
+    project = write_project(tmp_path, BROKEN_RESUME_PROJECT)
+    result = run_pytest(project, "--spotchaos", "test_no_resume.py")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert "1 failed" in result.stdout and "no checkpoint to resume from" in result.stdout, out[-3000:]
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("ERROR: spotchaos could not write its report")]
+    assert "spotchaos-report" in line and "--spotchaos-output" in line
 
 
 # --- 8. the fault proxy never forwards moto's admin API ------------------------------------------
