@@ -16,6 +16,7 @@ from .report import load_report, write_text
 from .report.compare import METRICS, FailRule, compare
 from .report.history import HISTORY_DIR, SAVED, resolve_run, saved_runs
 from .report.markdown import render_markdown
+from .sanitize import visible
 
 
 def _render_html(document):
@@ -125,7 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handler(args)
     except SpotchaosError as exc:
-        print(f"spotchaos {args.command}: {exc}", file=sys.stderr)
+        print(f"spotchaos {args.command}: {visible(str(exc))}", file=sys.stderr)
+        return 2
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
+        # a report of the right kind whose inner fields are of the wrong shape: a usage error (2),
+        # never a traceback, and never the 1 that --fail-on reads as a regression
+        print(
+            f"spotchaos {args.command}: a report does not have the shape of a spotchaos report "
+            f"({type(exc).__name__}: {visible(str(exc))[:160]})",
+            file=sys.stderr,
+        )
         return 2
 
 

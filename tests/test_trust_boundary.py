@@ -735,3 +735,44 @@ def test_spotchaos_report_never_echoes_the_content_of_the_file_it_was_given(tmp_
     content, shown = private.read_text(), result.stderr + result.stdout
     echoed = [content[i : i + 8] for i in range(len(content) - 7) if content[i : i + 8] in shown]
     assert not echoed, f"the error quotes the file: {echoed}"
+
+
+def _minimal_report(**changes) -> dict:
+    return {"tool": "spotchaos", "schema_version": 1, "scenarios": [], "summary": {}, "environment": {}, **changes}
+
+
+WRONG_SHAPES = {
+    "scenarios-a-string": _minimal_report(scenarios="all passed"),
+    "scenario-a-number": _minimal_report(scenarios=[42]),
+    "runs-a-string": _minimal_report(scenarios=[{"scenario": "s", "runs": "x"}]),
+    "run-a-list": _minimal_report(scenarios=[{"scenario": "s", "runs": [[1, 2]]}]),
+    "figures-a-list": _minimal_report(scenarios=[{"scenario": "s", "figures": [1]}]),
+    "name-a-number": _minimal_report(scenarios=[{"scenario": 7}]),
+    "summary-a-list": _minimal_report(summary=[]),
+    "environment-null": _minimal_report(environment=None),
+    "run-null": _minimal_report(scenarios=[{"scenario": "s", "runs": [None]}]),
+    "deep": None,  # 100,000 nested lists
+}
+
+
+@pytest.mark.parametrize("shape", list(WRONG_SHAPES))
+def test_spotchaos_report_and_compare_on_a_report_of_the_wrong_shape_are_one_line_and_exit_2(tmp_path, shape):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_minimal_report()))
+    bad = tmp_path / "bad.json"
+    document = WRONG_SHAPES[shape]
+    bad.write_text('{"tool": "spotchaos", "x": ' + "[" * 100000 if document is None else json.dumps(document))
+    for args in (["report", str(bad), "--format", "md"], ["compare", str(good), str(bad), "--fail-on", "verdict"]):
+        result = subprocess.run([sys.executable, "-m", "spotchaos.cli", *args], capture_output=True, text=True)
+        assert result.returncode == 2, (args, result.returncode, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.unit
+def test_bidi_and_zero_width_characters_from_a_job_are_escaped_for_the_terminal_and_markdown():
+    from spotchaos.sanitize import markdown_text, visible
+
+    trojan = "loss ok\u202e\u2066 }if (admin) {\u2069\u2067 \u200bx\ufeff"
+    for shown in (visible(trojan), markdown_text(trojan)):
+        assert not any(c in shown for c in "\u202e\u2066\u2069\u2067\u200b\ufeff"), shown
+        assert "\\u202e" in shown and "\\u200b" in shown

@@ -175,6 +175,8 @@ def load_report(path: Path) -> dict[str, Any]:
     text = raw.decode("utf-8", "replace")
     try:
         document = json.loads(text)
+    except RecursionError:
+        raise ReportError(f"{path}: nested deeper than a spotchaos report ever is: not a report") from None
     except json.JSONDecodeError as exc:
         # the file's content is never echoed: the path may name any file (a key, a password file)
         # the parser ran off the end of the text: the document stops mid-object, whatever its last byte
@@ -196,6 +198,15 @@ def load_report(path: Path) -> dict[str, Any]:
     for key, kind in (("scenarios", list), ("summary", dict), ("environment", dict)):
         if not isinstance(document.get(key), kind):
             raise ReportError(f"{path}: the report's {key!r} is missing or not a {kind.__name__}")
+    for index, scenario in enumerate(document["scenarios"]):
+        where = f"{path}: scenario {index + 1}"
+        if not isinstance(scenario, dict):
+            raise ReportError(f"{where} is not an object")
+        for key, kind in (("runs", list), ("figures", dict), ("scenario", str)):
+            if key in scenario and not isinstance(scenario[key], kind | None):
+                raise ReportError(f"{where}: its {key!r} is not a {kind.__name__}")
+        if not all(isinstance(run, dict) for run in scenario.get("runs") or []):
+            raise ReportError(f"{where}: its 'runs' must be objects")
     return document
 
 
