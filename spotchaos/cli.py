@@ -131,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError, RecursionError) as exc:
         # a report of the right kind whose inner fields are of the wrong shape: a usage error (2),
         # never a traceback, and never the 1 that --fail-on reads as a regression
+        named = " or ".join(str(getattr(args, k)) for k in ("path", "before", "after") if hasattr(args, k))
         print(
-            f"spotchaos {args.command}: a report does not have the shape of a spotchaos report "
+            f"spotchaos {args.command}: {named}: not of the shape of a spotchaos report "
             f"({type(exc).__name__}: {visible(str(exc))[:160]})",
             file=sys.stderr,
         )
