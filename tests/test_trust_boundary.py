@@ -780,3 +780,17 @@ def test_bidi_and_zero_width_characters_from_a_job_are_escaped_for_the_terminal_
     for shown in (visible(trojan), markdown_text(trojan)):
         assert not any(c in shown for c in "\u202e\u2066\u2069\u2067\u200b\ufeff"), shown
         assert "\\u202e" in shown and "\\u200b" in shown
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("step", ["9" * 30, "9" * 4000])
+def test_a_printed_step_out_of_range_is_one_clear_error(tmp_path, step):
+    from spotchaos.logadapter import LogEventReader, LogSpec
+
+    log = tmp_path / "stdout.log"
+    log.write_text(f"step 0 loss 1.0\nstep {step} loss 1.0\n")
+    reader = LogEventReader(log, LogSpec(pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)"), tmp_path, "script")
+    with pytest.raises(JobError) as caught:
+        reader.read_new()
+    message = str(caught.value)
+    assert "\n" not in message and ("out of range" in message or "not an integer" in message), message
