@@ -299,22 +299,14 @@ def _chunks(fd: int) -> Iterator[bytes]:
         yield chunk
 
 
-def file_leaks(fd: int, matcher: SecretMatcher) -> bool:
-    """Whether the file behind ``fd`` holds a leaked window anywhere (streamed, read whole)."""
+def file_leaks(fd: int, matcher: SecretMatcher, *, shapes: bool = False) -> bool:
+    """Whether the file behind ``fd`` holds a leaked window anywhere (streamed, read whole), or
+    with ``shapes`` anything to blot at all."""
+    found = (lambda data: bool(matcher.spans_bytes(data))) if shapes else matcher.leaks_in
     carry = b""
     for chunk in _chunks(fd):
         data = carry + chunk
-        if matcher.leaks_in(data):
-            return True
-        carry = data[-OVERLAP:]
-    return False
-
-
-def _needs_blotting(fd: int, matcher: SecretMatcher) -> bool:
-    carry = b""
-    for chunk in _chunks(fd):
-        data = carry + chunk
-        if matcher.spans_bytes(data):
+        if found(data):
             return True
         carry = data[-OVERLAP:]
     return False
@@ -359,7 +351,7 @@ def redact_files(root: Path, matcher: SecretMatcher) -> list[str]:
 def _redact_file(folder: Folder, relative: Path, matcher: SecretMatcher) -> bool:
     fd = folder.open_file(relative)
     try:
-        if not _needs_blotting(fd, matcher):
+        if not file_leaks(fd, matcher, shapes=True):
             return False
         os.lseek(fd, 0, os.SEEK_SET)
         mode = os.fstat(fd).st_mode & 0o666
