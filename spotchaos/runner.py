@@ -116,8 +116,14 @@ class ChaosRunner(SessionCore):
         """Per world size: repeatable uninterrupted runs, and a bit-exact preempt-and-resume."""
         return distributed.determinism_baseline(self, job, worlds, record)
 
-    def check_drain(self, service: ServiceSpec, record: ScenarioRecord | None = None) -> dict[str, Any]:
-        """The reclaim notice under load: every request answered or refused, the drain over before the kill."""
+    def check_drain(self, service: ServiceSpec | str, record: ScenarioRecord | None = None) -> dict[str, Any]:
+        """The reclaim notice under load: every request answered or refused, the drain over before the
+        kill. ``service``: a :class:`ServiceSpec`, or the name of one declared in the session's
+        ``pyproject.toml`` (``[tool.spotchaos.services.NAME]``)."""
+        if isinstance(service, str):
+            from .config import load_settings
+
+            service = load_settings(self.root / "pyproject.toml").service(service)
         return serving.check_drain(self, service, record)
 
 

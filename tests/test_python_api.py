@@ -41,3 +41,15 @@ def test_a_session_checks_a_plan_outside_pytest_and_cleans_up(tmp_path):
             session.check(broken, "sigkill@6")
     kept = [p.name for p in (tmp_path / "runs").iterdir()]
     assert kept and all("api-broken" in name for name in kept)  # only the failing run is kept, for inspection
+
+
+@pytest.mark.unit
+def test_a_session_checks_a_service_by_its_declared_name(tmp_path):
+    """``session.check_drain("model")``, as docs/serving.md shows: the name is looked up in the
+    session's own pyproject.toml (an unknown one is one error listing the declared services)."""
+    from spotchaos import Session
+    from spotchaos.errors import ConfigError
+
+    (tmp_path / "pyproject.toml").write_text('[tool.spotchaos.services.api]\ncommand = ["python", "serve.py", "{port}"]\n')
+    with Session(tmp_path) as session, pytest.raises(ConfigError, match=r"no service 'model' .*declared: api"):
+        session.check_drain("model")
