@@ -50,6 +50,7 @@ def test_a_session_checks_a_service_by_its_declared_name(tmp_path):
     from spotchaos import Session
     from spotchaos.errors import ConfigError
 
-    (tmp_path / "pyproject.toml").write_text('[tool.spotchaos.services.api]\ncommand = ["python", "serve.py", "{port}"]\n')
+    declared = '[tool.spotchaos.services.api]\ncommand = ["python", "serve.py", "{port}"]\n'
+    (tmp_path / "pyproject.toml").write_text(declared)
     with Session(tmp_path) as session, pytest.raises(ConfigError, match=r"no service 'model' .*declared: api"):
         session.check_drain("model")
