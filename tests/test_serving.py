@@ -76,6 +76,20 @@ def test_a_deregistration_delay_longer_than_the_notice_is_named(runner):
     assert "kept accepting" not in str(failure.value)  # it refused: its drain was just longer than the notice
 
 
+@pytest.mark.parametrize(
+    ("name", "balancer"),
+    [("model", False), ("model-aws", True)],  # SIGTERM on its own address; AWS's metadata behind the balancer
+    ids=["sigterm", "aws-balancer"],
+)
+def test_a_service_that_stays_ready_after_its_notice_is_named(runner, name, balancer):
+    with pytest.raises(DrainFailure) as failure:
+        runner.check_drain(service(name, "broken_serve_stays_ready", balancer=balancer))
+    text = str(failure.value)
+    assert "kept answering its readiness check 200 for" in text and "after the notice" in text, text
+    assert "the platform routed" in text and "fail the readiness check at the notice" in text, text
+    assert "request(s) in flight" not in text and "dropped" not in text, text  # its drain is otherwise right
+
+
 def test_a_service_deaf_to_the_metadata_notice_is_named(runner):
     with pytest.raises(DrainFailure) as failure:
         runner.check_drain(service("model-aws", "broken_serve_ignores_metadata", notice_seconds=3.0))
@@ -230,6 +244,20 @@ def test_the_drain_verdict_on_hand_made_requests():
 
 
 @pytest.mark.unit
+def test_readiness_kept_past_its_bound_after_the_notice_fails_the_drain():
+    steady = [record(0.0, 0.2, "ok"), record(0.2, 0.4, "ok")]
+    after = [record(1.1, 1.12, "unavailable", "1"), record(1.5, 1.52, "unavailable", "1"), record(3.5, 3.6, "refused")]
+    common = {"notice_at": 1.0, "exited_at": 4.0, "killed": False, "notice_seconds": 6, "margin": 0.5}
+    quick = judge_drain([*steady, *after], unready_at=1.05, unready_bound=1.0, **common)
+    assert quick.passed and quick.figures["ready_after_notice_seconds"] == 0.05, quick.failures
+    slow = judge_drain([*steady, *after], unready_at=4.0, unready_bound=1.0, **common)
+    (failure,) = slow.failures
+    assert "kept answering its readiness check 200 for 3.00 s after the notice (until it was gone)" in failure
+    assert "past the 1 s the platform allows" in failure and "routed 3 request(s) to it meanwhile" in failure
+    assert slow.figures["routed_while_ready"] == 3 and slow.figures["unready_bound_seconds"] == 1.0
+
+
+@pytest.mark.unit
 def test_the_replacement_verdict_on_hand_made_answers():
     where = "service 'm' on small, memory 1g"
     assert judge_replacement(where=where, failure=None, model_updated=True, answer_before=b"1", answer_after=b"2") == []
@@ -256,6 +284,10 @@ def test_the_replacement_verdict_on_hand_made_answers():
         ({"command": "python s.py {port}", "channel": "ibm"}, "channel: must be one of sigterm, aws, gcp"),
         ({"command": "python s.py {port}", "request": {"verb": "GET"}}, "request.verb: unknown key"),
         ({"command": "python s.py {port}", "notice_seconds": 1, "drain_margin_seconds": 2}, "shorter than the notice"),
+        (
+            {"command": "python s.py {port}", "notice_seconds": 6, "unready_within_seconds": 6},
+            r"shorter than the notice \(6 s\)",
+        ),
         ({"command": "python s.py {port}", "provider": "aws"}, None),
         ({"command": "python s.py {port}", "instance_types": [{"name": "a", "ram": "1g"}]}, r"\[0\]\.ram: unknown"),
         ({"command": "python s.py {port}", "instance_types": [{"name": "a", "memory": "lots"}]}, "a size such as"),

@@ -29,6 +29,7 @@ from ..serving.balancer import Balancer
 from ..serving.load import Load, RequestRecord
 from ..serving.model_store import ModelStore
 from ..serving.platform import Instance
+from ..serving.readiness import ReadinessWatch
 from ..serving.spec import InstanceType, ServiceSpec
 from ..serving.verdict import DrainVerdict, judge_drain, judge_replacement, longest_gap
 from ..session import SessionCore
@@ -140,6 +141,10 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         notice_at = time.monotonic()
         deadline = notice_at + float(service.notice_seconds or 30.0)
         notice.deliver(first.handle, time.time() + float(service.notice_seconds or 30.0))
+        # from the notice on: how long the instance itself still says it is ready (not through the balancer)
+        readiness = ReadinessWatch(first.base_url + service.ready_path, lambda: first.handle.poll() is not None)
+        stack.callback(readiness.stop)
+        readiness.start()
         if types and lb is not None:  # PAI-EAS: the replacement starts at the notice, beside the draining one
             launch_replacement()
         killed = first.handle.wait(deadline - time.monotonic()) is None
@@ -147,6 +152,7 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
             first.handle.kill()  # the reclaim: the instance is gone
             first.handle.wait(5)
         exited_at = time.monotonic()
+        readiness.stop()
         if types and lb is None:  # on the same address: once the reclaimed instance is gone
             launch_replacement()
         replacement: dict[str, Any] = {}
@@ -188,6 +194,8 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         margin=service.drain_margin_seconds,
         channel_note=channel_note,
         replacement_at=replacement_at,
+        unready_at=readiness.unready_at if readiness.unready_at is not None else exited_at,
+        unready_bound=service.unready_bound,
     )
     verdict.failures.extend(later_failures)
     verdict.passed = not verdict.failures

@@ -90,6 +90,14 @@ def service_lines(item: dict[str, Any]) -> list[str]:
     if item.get("longest_gap_seconds") is not None:
         timeline += f"; longest stretch with no answer {item['longest_gap_seconds']} s"
     lines = [timeline]
+    if item.get("ready_after_notice_seconds") is not None:
+        outcomes = item.get("routed_while_ready_outcomes") or {}
+        shown = f" ({', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))})" if outcomes else ""
+        lines.append(
+            f"readiness: ready until {item['ready_after_notice_seconds']} s after the notice "
+            f"({item.get('unready_bound_seconds')} s allowed); {item.get('routed_while_ready')} request(s) routed to "
+            f"it meanwhile{shown}"
+        )
     start = f"time to first request: {item.get('ttfr_seconds')} s"
     if item.get("cache"):
         start += f" ({item['cache']} model cache)"

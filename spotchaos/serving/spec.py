@@ -149,6 +149,9 @@ class ServiceSpec:
     notice_seconds: float | None = None  # from the notice to the kill; None: the provider's, else 30 s
     channel: str = "sigterm"
     drain_margin_seconds: float = 0.5  # the drain must be over this long before the kill
+    # after the notice, ready_path must stop answering 200 within this (the platform's deregistration
+    # window: a balancer sends traffic to a ready instance); None: a tenth of the notice, at least 1 s
+    unready_within_seconds: float | None = None
     start_timeout_seconds: float = 60.0
     request_timeout_seconds: float = 30.0
     env: tuple[tuple[str, str], ...] = ()
@@ -202,6 +205,14 @@ class ServiceSpec:
                 raise ConfigError(f"{self.where(key)}: must be a number of seconds in (0, 3600], got {value!r}")
         if self.drain_margin_seconds >= self.notice_seconds:
             raise ConfigError(f"{self.where('drain_margin_seconds')}: must be shorter than the notice")
+        bound = self.unready_within_seconds
+        if bound is not None and (
+            not isinstance(bound, int | float) or isinstance(bound, bool) or not 0 < bound < self.notice_seconds
+        ):
+            raise ConfigError(
+                f"{self.where('unready_within_seconds')}: must be a number of seconds shorter than the notice "
+                f"({self.notice_seconds:g} s), got {bound!r}"
+            )
         for key, value in (("ready_path", self.ready_path), ("request.path", self.request.path)):
             if not isinstance(value, str) or not value.startswith("/"):
                 raise ConfigError(f"{self.where(key)}: must be a path starting with '/', got {value!r}")
@@ -234,6 +245,13 @@ class ServiceSpec:
         """This service in a container of ``image`` (``--spotchaos-image``), keeping its own options."""
         base = self.container or ContainerSpec(image=image, where=self.where("container"))
         return replace(self, container=replace(base, image=image))
+
+    @property
+    def unready_bound(self) -> float:
+        """How soon after the notice readiness must fail (see ``unready_within_seconds``)."""
+        if self.unready_within_seconds is not None:
+            return float(self.unready_within_seconds)
+        return min(max(1.0, float(self.notice_seconds or 30.0) / 10), float(self.notice_seconds or 30.0) / 2)
 
     def replacement_type(self) -> InstanceType | None:
         """The first type of the order that has capacity: where the platform puts the replacement."""
@@ -272,6 +290,7 @@ _KEYS = {
     "notice_seconds",
     "channel",
     "drain_margin_seconds",
+    "unready_within_seconds",
     "start_timeout_seconds",
     "request_timeout_seconds",
     "env",

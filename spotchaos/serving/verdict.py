@@ -1,7 +1,8 @@
 """Did the service drain through its reclaim notice? Pure functions over the load's records.
 
 A request in flight at the notice must be answered in full; one sent after it may be refused (the
-connection refused, or 503 with Retry-After) but never dropped or cut short; the service must be
+connection refused, or 503 with Retry-After) but never dropped or cut short; the service must stop
+saying it is ready soon after the notice (the balancer takes it out of the traffic then), and be
 gone by itself before the kill, with a margin. Latency in the steady state and during the drain
 is reported, so a drain that "passes" by answering slowly is seen too.
 """
@@ -50,10 +51,14 @@ def judge_drain(
     margin: float,
     channel_note: str = "",
     replacement_at: float | None = None,
+    unready_at: float | None = None,
+    unready_bound: float | None = None,
 ) -> DrainVerdict:
     """``records`` of one run; times are ``time.monotonic()``; ``killed``: the service was still up
     at the deadline (notice + ``notice_seconds``) and was SIGKILLed; ``replacement_at``: when the
-    replacement was launched (requests from then on are the replacement's, judged apart)."""
+    replacement was launched (requests from then on are the replacement's, judged apart);
+    ``unready_at``: when its readiness check first failed after the notice (None: not watched),
+    which must be within ``unready_bound`` seconds of it."""
     failures: list[str] = []
     before = [r for r in records if r.ended <= notice_at]
     in_flight = [r for r in records if r.started < notice_at < r.ended]
@@ -113,6 +118,25 @@ def judge_drain(
         failures.append(
             f"the drain took {drain:.2f} s of a {notice_seconds:g} s notice: less than the {margin:g} s margin was left"
         )
+    readiness: dict[str, Any] = {}
+    if unready_at is not None:
+        kept_ready = max(unready_at - notice_at, 0.0)
+        routed = [r for r in records if notice_at <= r.started < unready_at and r.instance in (None, "first")]
+        readiness = {
+            "ready_after_notice_seconds": round(kept_ready, 3),
+            "unready_bound_seconds": unready_bound,
+            "routed_while_ready": len(routed),
+            "routed_while_ready_outcomes": dict(Counter(r.outcome for r in routed)),
+        }
+        if unready_bound is not None and kept_ready > unready_bound:
+            gone = " (until it was gone)" if unready_at >= exited_at - KILL_SLACK_SECONDS else ""
+            turned = sum(r.outcome in ("refused", "unavailable") or r.outcome in FAILED for r in routed)
+            failures.append(
+                f"the service kept answering its readiness check 200 for {kept_ready:.2f} s after the notice{gone}, "
+                f"past the {unready_bound:g} s the platform allows (unready_within_seconds): the platform routed "
+                f"{len(routed)} request(s) to it meanwhile, {turned} of them refused or failed; fail the readiness "
+                "check at the notice, before draining, so the balancer takes the instance out of the traffic"
+            )
     steady = [r.ended - r.started for r in before if r.outcome == "ok"]
     during = [r.ended - r.started for r in in_flight + accepted if r.outcome == "ok"]
     figures = {
@@ -129,6 +153,7 @@ def judge_drain(
         "steady_p99": _percentile(steady, 0.99),
         "drain_p50": _percentile(during, 0.5),
         "drain_p99": _percentile(during, 0.99),
+        **readiness,
     }
     return DrainVerdict(passed=not failures, failures=failures, figures=figures)
 
