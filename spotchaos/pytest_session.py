@@ -31,7 +31,7 @@ from .redact import SecretMatcher, file_leaks, leaking_files, redact, redact_fil
 from .report import build_report, now_iso, write_json, write_text
 from .report.history import HISTORY_DIR, save_run
 from .report.markdown import render_markdown
-from .report.summary import figure_lines, lost_steps, verdict_word
+from .report.summary import figure_lines, is_service, lost_steps, verdict_word
 from .runner import ChaosRunner
 from .safefs import UnsafeFile, open_regular
 from .sanitize import visible
@@ -282,7 +282,10 @@ class _Collector:
         records = []
         matcher = SecretMatcher(state.secrets)  # built once per report: every record and the message use it
         failure = None
-        if report.failed:
+        # a test that failed with a scenario of its own failing is explained by it: the checks of the
+        # same test that passed before it stay passes in every format; only a test that failed with
+        # every scenario passed (after its verdicts) makes them errors
+        if report.failed and all(record.passed for record in item.stash[RECORDS]):
             failure = f"{call.excinfo.typename}: {call.excinfo.value}" if call.excinfo is not None else "it failed"
         for record in item.stash[RECORDS]:
             replay = _replay_command(item, state, record.failing_plan)
@@ -291,7 +294,8 @@ class _Collector:
         report.spotchaos_records = records  # rides on the report, so it survives pytest-xdist
         if call.excinfo is not None and isinstance(call.excinfo.value, SpotchaosError):
             notes = getattr(call.excinfo.value, "__notes__", [])
-            replay = "\n".join(f"  replay: {r['replay']}" for r in records if not r["passed"])
+            replays = dict.fromkeys(r["replay"] for r in records if not r["passed"] and r["replay"])
+            replay = "\n".join(f"  replay: {command}" for command in replays)  # each command once
             text = "\n".join([f"{call.excinfo.typename}: {call.excinfo.value}", *notes, replay])
             report.longrepr = visible(redact(text, matcher))  # the terminal and JUnit XML show it
         return report
@@ -470,10 +474,15 @@ class _Collector:
         tr = terminalreporter
         tr.section("spotchaos")
         for s in self.state.scenarios:
-            verdict = {"pass": "bit-exact", "fail": "FAILED", "error": "ERROR"}[verdict_word(s)]
-            detail = f"failing plan {s['failing_plan']}" if s.get("failing_plan") else ""
-            lost = lost_steps(s)
-            tr.write_line(f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}".rstrip())
+            if is_service(s):  # in its own terms: the drain, on the figure lines below
+                verdict = {"pass": "drained", "fail": "FAILED", "error": "ERROR"}[verdict_word(s)]
+                tr.write_line(f"{verdict:9} {s['scenario']}")
+            else:
+                verdict = {"pass": "bit-exact", "fail": "FAILED", "error": "ERROR"}[verdict_word(s)]
+                detail = f"failing plan {s['failing_plan']}" if s.get("failing_plan") else ""
+                lost = lost_steps(s)
+                line = f"{verdict:9} {s['scenario']}  plans={s['plans_tried']} lost_steps={lost} {detail}"
+                tr.write_line(line.rstrip())
             for line in figure_lines(s.get("figures") or {}):
                 tr.write_line(f"          {line}")
             for escaped in sorted({p for r in s["runs"] for p in r.get("escaped_processes") or []}):

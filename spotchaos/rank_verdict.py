@@ -24,6 +24,7 @@ BUCKET_ORDER_HINT = (
     "all-reduce each parameter on its own (a DDP comm hook, as fixtures/ddp_trainer.py does) to resume bit-exact"
 )
 
+SHARED_RNG = "drew from the same RNG state"
 PER_RANK_HINT = (
     "rank 0 matched, so what each rank keeps for itself was not restored per rank: its RNG stream (dropout) or "
     "its data position restored from rank 0, or not saved at all?"
@@ -35,7 +36,10 @@ def add_rank_verdicts(verdict: Verdict, reference: RunRecord, chaos: RunRecord, 
     published without their shards (``torn``, found on disk by the caller). When every loss of every
     rank matched and only the final weights differ from 3 ranks on, the failure names the likely cause."""
     failures = [*torn, *judge_ranks(reference, chaos)]
-    verdict.failures += failures
+    # a specific diagnosis (one rank's RNG state on every rank) is the most likely cause: it goes
+    # first, before rank 0's divergence and its generic hint (the optimizer, the scheduler)
+    shared = [f for f in failures if SHARED_RNG in f]
+    verdict.failures = [*shared, *verdict.failures, *(f for f in failures if f not in shared)]
     verdict.passed = verdict.passed and not failures
     if len(ranks_of(chaos)) >= 3 and _only_last_bits(reference, chaos):
         verdict.failures = [
@@ -116,7 +120,7 @@ def shared_rng(reference: RunRecord, chaos: RunRecord) -> list[str]:
             if shared and distinct_before:
                 same = sorted(r for r in ranks if values.count(ranks[r]) > 1)
                 return [
-                    f"ranks {', '.join(map(str, same))} drew from the same RNG state at step {step} (attempt "
+                    f"ranks {', '.join(map(str, same))} {SHARED_RNG} at step {step} (attempt "
                     f"{attempt.index}, after resuming) while the uninterrupted run gave each rank its own: one rank's "
                     "RNG state was restored on every rank; save and restore each rank's RNG under a key of its own"
                 ]

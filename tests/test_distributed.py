@@ -89,6 +89,8 @@ def test_broken_rank0_rng_is_named(runner):
     with pytest.raises(ChaosFailure, match="drew from the same RNG state at step 10") as failure:
         runner.check(ddp_job("broken_ddp_rank0_rng"), "sigterm@9")
     assert "save and restore each rank's RNG under a key of its own" in str(failure.value)
+    first = str(failure.value).splitlines()[1]  # the first failure, under "job 'ddp' under plan ...:"
+    assert "drew from the same RNG state" in first, f"the most likely cause comes first: {first}"
 
 
 def test_broken_one_data_position_for_all_ranks_is_named(runner):

@@ -140,6 +140,10 @@ SERVING = {
     "marks": {"notice": 0.0, "deadline": 6.0, "gone": 1.12, "replacement_launched": 1.13},
     "served_by": {"first": 64, "replacement": 24},
     "longest_gap_seconds": 2.07,
+    "ready_after_notice_seconds": 0.004,
+    "unready_bound_seconds": 1.0,
+    "routed_while_ready": 0,
+    "routed_while_ready_outcomes": {},
     "replacement": {
         "instance_type": "g4dn.xlarge-spot",
         "ttfr_seconds": 1.36,
@@ -162,6 +166,10 @@ def test_a_service_run_shows_its_timeline_cold_and_warm_starts_order_and_plot():
     assert "timeline: notice at 0 s, service gone at 1.12 s (deadline 6.0 s), replacement launched at 1.13 s" in text
     assert "its first answer at 2.49 s; behind the balancer, answered by first 64, replacement 24" in text
     assert "longest stretch with no answer 2.07 s" in text
+    readiness = "readiness: ready until 0.004 s after the notice (1.0 s allowed); 0 request(s) routed to it meanwhile"
+    assert readiness in text
+    row = next(line for line in text.splitlines() if line.startswith("| ✅ pass |"))
+    assert row.split(" | ")[4] == "-", row  # a service has no lost steps: its drain figures say how it went
     assert "time to first request: 2.96 s (cold model cache); replacement 1.36 s (warm); warm/cold 0.46" in text
     assert (
         "fallback order followed: g5.xlarge-spot (3g, spot, no capacity) → g4dn.xlarge-spot (1g, 2 CPUs, spot): "
@@ -170,3 +178,4 @@ def test_a_service_run_shows_its_timeline_cold_and_warm_starts_order_and_plot():
     page = render_html(document)
     assert 'alt="requests of s.py::ok[ref] by outcome over time, with the notice and the kill marked"' in page
     assert "fallback order followed" in page and page.count('class="plot"') == 1
+    assert "readiness: ready until 0.004 s after the notice" in page

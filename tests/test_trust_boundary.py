@@ -794,3 +794,50 @@ def test_a_printed_step_out_of_range_is_one_clear_error(tmp_path, step):
         reader.read_new()
     message = str(caught.value)
     assert "\n" not in message and ("out of range" in message or "not an integer" in message), message
+
+
+TWO_CHECKS_PROJECT = {
+    "pyproject.toml": """
+        [tool.spotchaos.jobs.good]
+        command = ["python", "good.py"]
+
+        [tool.spotchaos.jobs.no-resume]
+        command = ["python", "no_resume.py"]
+    """,
+    "good.py": """
+        import time
+        from spotchaos.probe import Probe
+        probe = Probe.from_env()
+        probe.start()
+        for step in range(4):
+            probe.step(step, 1.0)
+            time.sleep(0.05)
+        probe.final({}, step=3)
+    """,
+    "no_resume.py": BROKEN_RESUME_PROJECT["no_resume.py"],
+    "test_two.py": """
+        import pathlib
+        from spotchaos.config import load_settings
+
+        def test_two_checks(spotchaos):
+            jobs = {j.name: j for j in load_settings(pathlib.Path("pyproject.toml")).jobs}
+            spotchaos.check(jobs["good"], "sigkill@1")
+            spotchaos.check(jobs["no-resume"], "sigkill@1")
+    """,
+}
+
+
+def test_a_check_that_passed_stays_a_pass_when_a_later_check_of_its_test_fails_and_the_replay_shows_once(tmp_path):
+    project = write_project(tmp_path, TWO_CHECKS_PROJECT)
+    result = run_pytest(project, "--spotchaos", "test_two.py")
+    assert "1 failed" in result.stdout, result.stdout[-3000:]
+    report = json.loads((project / "spotchaos-report" / "report.json").read_text())
+    verdicts = {s["job"]: (s["passed"], s.get("error")) for s in report["scenarios"]}
+    assert verdicts["good"] == (True, None) and verdicts["no-resume"][0] is False, verdicts
+    markdown = (project / "spotchaos-report" / "report.md").read_text()
+    good = next(line for line in markdown.splitlines() if "| good |" in line)
+    assert good.startswith("| ✅ pass |"), good
+    summary = result.stdout.split("spotchaos ==")[-1].splitlines()
+    words = sorted(line.split()[0] for line in summary if " plans=" in line)
+    assert words == ["FAILED", "bit-exact"], summary  # the check that passed is no error in the terminal either
+    assert result.stdout.count("replay: ") == 1, result.stdout[-3000:]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..extras import require
 from .plots import divergence_png, requests_png, trajectory_png
-from .summary import comparison_notes, figure_lines, landing, lost_steps, verdict_word
+from .summary import comparison_notes, figure_lines, landing, lost_steps_shown, verdict_word
 
 jinja2 = require("jinja2", "html", "report.html")
 
@@ -130,7 +130,7 @@ def render_html(document: dict[str, Any]) -> str:
         jobs=document.get("jobs") or [],
         verdict_word=verdict_word,
         fault_text=_fault_text,
-        lost_steps=lost_steps,
+        lost_steps=lost_steps_shown,
         landing=landing,
         mib=_mib,
         job_text=_job_text,

@@ -14,7 +14,7 @@ from .summary import (
     comparison_notes,
     drain_line,
     landing,
-    lost_steps,
+    lost_steps_shown,
     service_lines,
     storage_line,
     verdict_word,
@@ -70,7 +70,7 @@ def render_markdown(document: dict[str, Any]) -> str:
     ]
     scenarios = document.get("scenarios", [])
     for s in scenarios:
-        lost = lost_steps(s)
+        lost = lost_steps_shown(s)
         lines.append(
             f"| {_verdict(s)} | {_name(s.get('scenario'))} | {_name(s.get('job'))} | {s.get('plans_tried', 0)} "
             f"| {lost} | {landing(s)} | {_name(s.get('failing_plan'))} |"

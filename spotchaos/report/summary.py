@@ -18,6 +18,16 @@ def lost_steps(scenario: dict[str, Any]) -> int:
     return sum(run.get("lost_steps", 0) for run in scenario.get("runs", []))
 
 
+def is_service(scenario: dict[str, Any]) -> bool:
+    """A service's drain: described by its drain figures, never in training's terms (steps, bit-exact)."""
+    return bool((scenario.get("figures") or {}).get("serving"))
+
+
+def lost_steps_shown(scenario: dict[str, Any]) -> int | str:
+    """The lost-steps cell: ``-`` for a service, which has no steps."""
+    return "-" if is_service(scenario) else lost_steps(scenario)
+
+
 def landing(scenario: dict[str, Any]) -> str:
     """Where the scenario's faults landed against their plans: ``exact`` when every one was held
     at its planned step (or late by none), else how many were late and by how much at most; ``-``
