@@ -32,7 +32,11 @@ def test_damaged_and_unfinished_shards_roll_back(spotchaos, spotchaos_job):
     spotchaos.check(spotchaos_job, "sigkill@13:truncate-half~0.6")  # a shard, the .metadata or the manifest
     spotchaos.check(spotchaos_job, "sigterm@13:flip-bit-data~0.7")
     spotchaos.check(spotchaos_job, "sigkill@9:drop-file~0.3")
-    spotchaos.check_shard_crash(spotchaos_job, rank=1)
+
+
+@pytest.mark.spotchaos(jobs=["ddp"])
+def test_a_rank_killed_anywhere_in_its_save_resumes_from_a_complete_checkpoint(spotchaos, spotchaos_job):
+    spotchaos.explore_rank_crashes(spotchaos_job)  # every rank's shard, .metadata, manifest, rotation
 
 
 @pytest.mark.spotchaos(jobs=["ddp"])

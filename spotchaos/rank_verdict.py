@@ -36,10 +36,10 @@ def add_rank_verdicts(verdict: Verdict, reference: RunRecord, chaos: RunRecord, 
     published without their shards (``torn``, found on disk by the caller). When every loss of every
     rank matched and only the final weights differ from 3 ranks on, the failure names the likely cause."""
     failures = [*torn, *judge_ranks(reference, chaos)]
-    # a specific diagnosis (one rank's RNG state on every rank) is the most likely cause: it goes
-    # first, before rank 0's divergence and its generic hint (the optimizer, the scheduler)
-    shared = [f for f in failures if SHARED_RNG in f]
-    verdict.failures = [*shared, *verdict.failures, *(f for f in failures if f not in shared)]
+    # a specific diagnosis (a checkpoint published too early, one rank's RNG state on every rank)
+    # is the most likely cause: it goes first, before rank 0's own failure and its generic hint
+    first = [*torn, *(f for f in failures if SHARED_RNG in f)]
+    verdict.failures = [*first, *verdict.failures, *(f for f in failures if f not in first)]
     verdict.passed = verdict.passed and not failures
     if len(ranks_of(chaos)) >= 3 and _only_last_bits(reference, chaos):
         verdict.failures = [

@@ -10,7 +10,10 @@ module and a few lines here, and the core does not grow.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+import hypothesis.strategies as st
 
 from .config import JobSpec
 from .families import budgets, crashpoints, distributed, preemption, serving, storage
@@ -101,6 +104,20 @@ class ChaosRunner(SessionCore):
     ) -> dict[str, Any]:
         """S3 refuses the restart: a clear non-zero exit, no checkpoint changed, no secret shown."""
         return storage.check_storage_refusal(self, job, fault, record)
+
+    def rank_save_points(self, job: JobSpec) -> list[dict[str, Any]]:
+        """Every rank's file-system events of one checkpoint save, numbered per rank: crash points."""
+        return distributed.rank_save_points(self, job)
+
+    def explore_rank_crashes(self, job: JobSpec, record: ScenarioRecord | None = None, **options: Any) -> int:
+        """A torchrun job killed at a crash point of any rank's save, searched by hypothesis."""
+        first, every = distributed.rank_crash_plans(self.rank_save_points(job))
+        settings = options.pop("settings", None) or ExploreSettings()
+        # the leading plans are the ones that tell: all of them run, and at least one is searched
+        settings = replace(settings, max_examples=max(settings.max_examples, len(first) + 1))
+        return explore(
+            self, job, st.sampled_from(every), first=lambda *_: first, record=record, settings=settings, **options
+        )
 
     def check_shard_crash(self, job: JobSpec, rank: int = 1, record: ScenarioRecord | None = None) -> Verdict:
         """Kill one rank as it writes its shard, before the ``.metadata``: resume from the previous checkpoint."""

@@ -82,6 +82,15 @@ class Scenario:
         ``.metadata``; the restart must resume from the previous complete checkpoint, bit-exact."""
         self._run(job, lambda record: self.runner.check_shard_crash(job, rank, record), plans=1)
 
+    def explore_rank_crashes(self, job: JobSpec) -> None:
+        """A torchrun job: kill one rank at any file-system event of its part of a checkpoint save
+        (its DCP shard, the ``.metadata``, a file of its own, the manifest or marker that publishes
+        the checkpoint), the rank and the event searched by hypothesis; first, for each rank but
+        the coordinator, a crash before its first and before its last write. Every restart must
+        resume from a complete checkpoint, bit-exact; a checkpoint published before every rank
+        finished writing it is named."""
+        self._run(job, lambda record: self._search(job, None, record, rank_crashes=True))
+
     def check_reshard(self, job: JobSpec, resume_nproc: int) -> None:
         """A torchrun job: preempt it mid-epoch and resume on ``resume_nproc`` ranks per node; the
         restored tensors must equal the saved ones and every sample be seen exactly once."""
@@ -128,7 +137,13 @@ class Scenario:
         self._run(job, lambda record: self.runner.check_storage_refusal(job, fault, record))
 
     def _search(
-        self, job: JobSpec, plans: PlanSource | None, record: ScenarioRecord, first: FirstPlans | None = None
+        self,
+        job: JobSpec,
+        plans: PlanSource | None,
+        record: ScenarioRecord,
+        first: FirstPlans | None = None,
+        *,
+        rank_crashes: bool = False,
     ) -> None:
         if self._state.options.plan is not None:  # --spotchaos-plan: exactly that plan
             note_plans(record, 1)
@@ -136,7 +151,10 @@ class Scenario:
             return
         options = self._state.options
         settings = ExploreSettings(max_examples=options.max_examples, seed=self._seed, verbose=options.verbose)
-        self.runner.explore(job, plans, settings=settings, record=record, first=first)
+        if rank_crashes:
+            self.runner.explore_rank_crashes(job, record, settings=settings)
+        else:
+            self.runner.explore(job, plans, settings=settings, record=record, first=first)
 
     def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:
         measure = None

@@ -38,7 +38,7 @@ from .rank_verdict import add_rank_verdicts
 from .redact import leaking_files, secret_variables
 from .state_diff import KEEP_BYTES, StateDifference, kept_dir, too_big
 from .state_diff import compare as compare_kept
-from .torchrun import published_without_metadata
+from .torchrun import published_before_ranks, published_without_metadata
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
 
@@ -249,7 +249,11 @@ class SessionCore:
             verdict.passed = False
             verdict.state_difference = asdict(found)
         if job.launcher == "torchrun":  # what only the other ranks show: their own trajectories, samples
-            add_rank_verdicts(verdict, reference, record, published_without_metadata(record.attempts, record.workdir))
+            torn = [
+                *published_without_metadata(record.attempts, record.workdir),
+                *published_before_ranks(record.attempts, record.workdir),
+            ]
+            add_rank_verdicts(verdict, reference, record, torn)
         leaked = self.leaks(job, record)
         if leaked:  # a job that prints its own secret fails every scenario, not only the storage ones
             verdict.failures.append(leaked)

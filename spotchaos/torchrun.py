@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from .backends.base import Backend, Handle, LaunchSpec
 from .config import JobSpec
@@ -296,6 +297,12 @@ def killed_workers(stderr_tail: str) -> bool:
     return "Unable to shutdown process" in stderr_tail and "forcefully exiting via" in stderr_tail
 
 
+def uri_path(uri: str) -> Path:
+    """The local path of a ``file://`` URI the job reported (percent-decoded, normalised as text,
+    never resolved): a run folder's name holds a ``+`` that a URI encodes."""
+    return Path(os.path.normpath(unquote(urlparse(uri).path) or "."))
+
+
 def published_without_metadata(run_attempts: list, root: Path | str) -> list[str]:
     """Checkpoints the job reported durable whose directory holds shards but no ``.metadata``
     (torch.distributed.checkpoint's index, written by the coordinator after every shard): it was
@@ -305,8 +312,7 @@ def published_without_metadata(run_attempts: list, root: Path | str) -> list[str
     found = []
     for attempt in run_attempts:
         for event in attempt.of_kind("checkpoint"):
-            uri = str(event.get("uri", ""))
-            path = Path(os.path.normpath(uri.removeprefix("file://")))
+            path = uri_path(str(event.get("uri", "")))
             if not path.is_relative_to(root) or path == root or os.path.islink(path) or not path.is_dir():
                 continue
             if not os.path.lexists(path / ".metadata"):
@@ -316,3 +322,53 @@ def published_without_metadata(run_attempts: list, root: Path | str) -> list[str
                     "in between leaves a checkpoint the restart trusts; publish (manifest, probe.checkpoint) last"
                 )
     return found[:1]
+
+
+MISSING_FILE = re.compile(r"(?:FileNotFoundError|No such file or directory)[^\n]*?'(/[^'\n]+)'")
+RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
+
+
+def published_before_ranks(run_attempts: list, root: Path | str) -> list[str]:
+    """A checkpoint the job reported durable that a restart then died reading a missing file of:
+    it was marked complete before every rank had written its own files (rank 0 published without
+    a barrier, and a rank was killed before its file). Names the checkpoint, the file that
+    published it (the newest in its folder) and the missing one with the rank it belongs to. Only
+    paths inside the run's own directory are looked at, as text, never resolved."""
+    root = Path(os.path.abspath(root))
+    published: dict[Path, tuple[int, int]] = {}
+    for attempt in run_attempts:
+        for event in attempt.of_kind("checkpoint"):
+            path = uri_path(str(event.get("uri", "")))
+            if path.is_relative_to(root) and path != root:
+                published.setdefault(path, (event["step"], attempt.index))
+    for attempt in run_attempts[1:]:
+        for match in MISSING_FILE.finditer(attempt.stderr_tail or ""):
+            missing = Path(os.path.normpath(match.group(1)))
+            folder = next((f for f in published if missing.is_relative_to(f) and missing != f), None)
+            if folder is None or os.path.lexists(missing):
+                continue
+            step, index = published[folder]
+            rank = RANK_IN_NAME.search(missing.name)
+            whose = f"rank {rank.group(1)}'s " if rank else ""
+            publisher = _newest_file(folder)
+            by = f" ({publisher} was written last, so it published the checkpoint)" if publisher else ""
+            return [
+                f"checkpoint {folder.name} (after step {step}, attempt {index}) was published before every rank had "
+                f"written its files: {whose}{missing.relative_to(folder)} did not exist when the checkpoint was "
+                f"marked complete{by}, and attempt {attempt.index} died reading it; publish (the manifest, the "
+                "marker, probe.checkpoint) only after a barrier that every rank reaches once its own files are written"
+            ]
+    return []
+
+
+def _newest_file(folder: Path) -> str | None:
+    """The name of the regular file in ``folder`` written last (by mtime), without following links."""
+    try:
+        entries = [
+            (e.stat(follow_symlinks=False).st_mtime_ns, e.name)
+            for e in os.scandir(folder)
+            if e.is_file(follow_symlinks=False)
+        ]
+    except OSError:
+        return None
+    return max(entries)[1] if entries else None

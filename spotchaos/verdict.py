@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from .determinism import HINT, Envelope
 from .faults.checkpoint import Damage
@@ -373,7 +374,7 @@ def _resumed_another_copy(attempt: Attempt, damage: Damage) -> bool:
     uri = resumes[0].get("uri") if resumes else None
     if not isinstance(uri, str) or not uri:
         return False
-    path = PurePosixPath(uri.removeprefix("file://"))
+    path = PurePosixPath(unquote(urlparse(uri).path) if uri.startswith("file:") else uri)  # "+" is "%2B" in a URI
     damaged = PurePosixPath(damage.checkpoint)
     return path.is_absolute() and path.parent == damaged.parent and path != damaged
 

@@ -76,8 +76,23 @@ def test_a_damaged_shard_rolls_back(runner):
     assert verdict.passed and verdict.damage and verdict.damage[0].ok, verdict.message()
 
 
-def test_a_rank_killed_between_its_shard_and_the_metadata_resumes_from_the_previous_checkpoint(runner):
-    assert runner.check_shard_crash(ddp_job(), rank=1).passed
+def test_a_checkpoint_published_before_every_rank_wrote_its_files_is_found_and_named(runner):
+    """The crash a hand-picked shard crash point misses: rank 1 killed before its own last file of
+    a save, which rank 0 publishes without waiting for. The explored crash points find it (the
+    leading plan at each rank's last write), and the message names the publication."""
+    from spotchaos.search import ExploreSettings
+
+    job = ddp_job("broken_ddp_publishes_before_ranks")
+    points = runner.rank_save_points(job)
+    ranks = {p["rank"] for p in points}
+    assert ranks == {0, 1} and any(p["path"].endswith("rank1.pt") for p in points if p["rank"] == 1), points
+    with pytest.raises(ChaosFailure) as failure:
+        runner.explore_rank_crashes(job, settings=ExploreSettings(max_examples=2, seed=1))
+    text = str(failure.value)
+    first = text.splitlines()[1]
+    assert "was published before every rank had written its files: rank 1's rank1.pt did not exist" in first, text
+    assert "manifest.json was written last, so it published the checkpoint" in first, text
+    assert "only after a barrier that every rank reaches once its own files are written" in first, text
 
 
 def test_resuming_on_fewer_ranks_restores_the_saved_tensors_and_sees_every_sample_once(runner):

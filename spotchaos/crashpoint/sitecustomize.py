@@ -89,6 +89,8 @@ def _hook(event, args):
             kind, target = _describe(event, args)
             if _LOG:
                 record = {"index": _count, "event": kind, "path": target, "t": time.time(), "pid": os.getpid()}
+                if os.environ.get("RANK") is not None:  # a torchrun rank: each numbers its own events
+                    record["rank"] = int(os.environ["RANK"])
                 fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 os.write(fd, (json.dumps(record) + "\n").encode())
                 os.close(fd)

@@ -19,6 +19,7 @@ from ..plan import Plan, Preemption
 from ..rank_verdict import judge_ranks, rank_view, restored_differences, sample_coverage
 from ..record import ScenarioRecord, note_run
 from ..session import SessionCore
+from ..torchrun import uri_path
 from ..trajectory import RunRecord
 from ..verdict import Verdict, find_divergence
 from .preemption import ChaosFailure, check
@@ -53,6 +54,68 @@ def shard_crash_point(core: SessionCore, job: JobSpec, rank: int) -> int:
         f"job {job.name!r}: rank {rank} wrote no {SHARD_SUFFIX} shard in two checkpoint saves of its uninterrupted "
         "run: does it save with torch.distributed.checkpoint under SPOTCHAOS_CHECKPOINT_URI?"
     )
+
+
+def rank_save_points(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
+    """The crash points of a multi-rank save: every file-system event each rank makes in the
+    job's second checkpoint save (the first may have nothing to fall back to), numbered per rank
+    as ``crash-rankR@N`` counts them, from the save's first event to the next save's. Each is
+    ``{"rank", "index", "event", "path"}``, the path relative to the checkpoint directory. One
+    traced uninterrupted run: every rank logs its own events, numbered by itself."""
+    _require_torchrun(job, "per-rank crash points")
+    traced: list[tuple[list[dict[str, Any]], list[Path]]] = []
+
+    def read_log(run: RunRecord) -> None:
+        log = read_fs_events(Path(run.workdir) / "attempt-0" / FS_EVENTS)
+        saved = [uri_path(str(e["uri"])) for e in run.attempts[0].of_rank("checkpoint")]
+        traced.append((log, saved))
+
+    core.run_once(job, Plan(), "trace-ranks", read_log, trace_fs=True)
+    log, saved = traced[0]
+    if len(saved) < 2:
+        raise SpotchaosError(f"job {job.name!r} reported fewer than 2 checkpoints: no second save to crash inside")
+    ranks = sorted({e["rank"] for e in log if isinstance(e.get("rank"), int)})
+    points = [p for rank in ranks for p in _save_points([e for e in log if e.get("rank") == rank], saved, rank)]
+    if not points:
+        raise SpotchaosError(
+            f"job {job.name!r}: no rank wrote a file of its second checkpoint under SPOTCHAOS_CHECKPOINT_URI"
+        )
+    return points
+
+
+def _save_points(log: list[dict[str, Any]], saved: list[Path], rank: int) -> list[dict[str, Any]]:
+    """One rank's events from its first in the second checkpoint's folder to its first in the third's."""
+    paths = [Path(e["path"].split(" -> ")[0]) for e in log]
+    inside = [i for i, path in enumerate(paths) if path.is_relative_to(saved[1])]
+    if not inside:
+        return []  # this rank writes nothing of that checkpoint
+    later = [i for i, path in enumerate(paths) if len(saved) > 2 and path.is_relative_to(saved[2]) and i > inside[0]]
+    root = saved[1].parent
+    return [
+        {
+            "rank": rank,
+            "index": event["index"],
+            "event": event["event"],
+            "path": str(path.relative_to(root)) if path.is_relative_to(root) else path.name,
+        }
+        for event, path in zip(log[inside[0] : min(later, default=len(log))], paths[inside[0] :], strict=False)
+    ]
+
+
+def rank_crash_plans(points: list[dict[str, Any]]) -> tuple[list[Plan], list[Plan]]:
+    """(the plans to run first, every plan) of :func:`rank_save_points`. First, for each rank but
+    the coordinator: a crash before its first write of the save (its DCP shard, before anything is
+    published) and before its last write (a file of its own, after which a coordinator that does
+    not wait publishes the checkpoint without it). Then hypothesis searches the rest."""
+    every = [Plan((Preemption(p["index"], f"crash-rank{p['rank']}"),)) for p in points]
+    first: list[Plan] = []
+    for rank in sorted({p["rank"] for p in points} - {0}):
+        writes = [p for p in points if p["rank"] == rank and p["event"] == "open-write"]
+        for point in (writes[:1] + writes[-1:]) if writes else []:
+            plan = Plan((Preemption(point["index"], f"crash-rank{rank}"),))
+            if plan not in first:
+                first.append(plan)
+    return first, every
 
 
 def check_shard_crash(core: SessionCore, job: JobSpec, rank: int = 1, record: ScenarioRecord | None = None) -> Verdict:
