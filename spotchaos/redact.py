@@ -28,7 +28,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus, urlsplit
@@ -312,40 +312,45 @@ def file_leaks(fd: int, matcher: SecretMatcher, *, shapes: bool = False) -> bool
     return False
 
 
-def leaking_files(root: Path, secrets: Iterable[str] | SecretMatcher) -> list[str]:
-    """The regular files under ``root`` (every one, whatever its name or size; no link followed)
-    that hold a leaked window of a secret, by name relative to ``root``."""
-    matcher = secrets if isinstance(secrets, SecretMatcher) else SecretMatcher(secrets, shapes=False)
-    if not matcher.has_values or not os.path.isdir(root) or os.path.islink(root):
+def _each_file(root: Path, act: Callable[[Folder, Path], bool]) -> list[str]:
+    """The relative names of the regular files under ``root`` (every one, whatever its name or
+    size; no link followed) for which ``act(folder, relative)`` is true; a file that cannot be
+    opened safely is passed over."""
+    if not os.path.isdir(root) or os.path.islink(root):
         return []
     found = []
     with Folder.open(root) as folder:
         for path in regular_files(root):
             relative = path.relative_to(root)
             with contextlib.suppress(UnsafeFile, OSError):
-                fd = folder.open_file(relative)
-                try:
-                    if file_leaks(fd, matcher):
-                        found.append(str(relative))
-                finally:
-                    os.close(fd)
+                if act(folder, relative):
+                    found.append(str(relative))
     return found
+
+
+def leaking_files(root: Path, secrets: Iterable[str] | SecretMatcher) -> list[str]:
+    """The files under ``root`` that hold a leaked window of a secret, by name relative to it."""
+    matcher = secrets if isinstance(secrets, SecretMatcher) else SecretMatcher(secrets, shapes=False)
+    if not matcher.has_values:
+        return []
+
+    def leaks(folder: Folder, relative: Path) -> bool:
+        fd = folder.open_file(relative)
+        try:
+            return file_leaks(fd, matcher)
+        finally:
+            os.close(fd)
+
+    return _each_file(root, leaks)
 
 
 def redact_files(root: Path, matcher: SecretMatcher) -> list[str]:
     """Blot every leak and credential in every regular file under ``root``: each file that holds
     one is replaced by a redacted copy written beside it and renamed into its place (through the
     folder's fd: a link is never followed, a hard link's other names keep their content)."""
-    if not matcher or not os.path.isdir(root) or os.path.islink(root):
+    if not matcher:
         return []
-    changed = []
-    with Folder.open(root) as folder:
-        for path in regular_files(root):
-            relative = path.relative_to(root)
-            with contextlib.suppress(UnsafeFile, OSError):
-                if _redact_file(folder, relative, matcher):
-                    changed.append(str(relative))
-    return changed
+    return _each_file(root, lambda folder, relative: _redact_file(folder, relative, matcher))
 
 
 def _redact_file(folder: Folder, relative: Path, matcher: SecretMatcher) -> bool:

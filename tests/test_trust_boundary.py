@@ -632,23 +632,29 @@ def test_a_log_pattern_that_needs_backtracking_is_one_clear_error(pattern):
     assert "\n" not in message and "linear time" in message and "look-arounds or back-references" in message
 
 
-BROKEN_RESUME_PROJECT = {
-    "pyproject.toml": """
-        [tool.spotchaos.jobs.no-resume]
-        command = ["python", "no_resume.py"]
-    """,
-    "no_resume.py": """
-        import os, sys, time
+FOUR_STEPS = """
+        import time
         from spotchaos.probe import Probe
-        if os.environ.get("SPOTCHAOS_ATTEMPT", "0") != "0":
-            sys.exit("no checkpoint to resume from")
         probe = Probe.from_env()
         probe.start()
         for step in range(4):
             probe.step(step, 1.0)
             time.sleep(0.05)
         probe.final({}, step=3)
+"""  # a job of four probe steps and no checkpoint: a restart starts it over
+
+
+BROKEN_RESUME_PROJECT = {
+    "pyproject.toml": """
+        [tool.spotchaos.jobs.no-resume]
+        command = ["python", "no_resume.py"]
     """,
+    "no_resume.py": """
+        import os, sys
+        if os.environ.get("SPOTCHAOS_ATTEMPT", "0") != "0":
+            sys.exit("no checkpoint to resume from")
+    """
+    + FOUR_STEPS,
     "test_no_resume.py": """
         import os, shutil
 
@@ -804,16 +810,7 @@ TWO_CHECKS_PROJECT = {
         [tool.spotchaos.jobs.no-resume]
         command = ["python", "no_resume.py"]
     """,
-    "good.py": """
-        import time
-        from spotchaos.probe import Probe
-        probe = Probe.from_env()
-        probe.start()
-        for step in range(4):
-            probe.step(step, 1.0)
-            time.sleep(0.05)
-        probe.final({}, step=3)
-    """,
+    "good.py": FOUR_STEPS,
     "no_resume.py": BROKEN_RESUME_PROJECT["no_resume.py"],
     "test_two.py": """
         import pathlib
