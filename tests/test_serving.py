@@ -78,8 +78,8 @@ def test_a_deregistration_delay_longer_than_the_notice_is_named(runner):
 
 @pytest.mark.parametrize(
     ("name", "balancer"),
-    [("model", False), ("model-aws", True)],  # SIGTERM on its own address; AWS's metadata behind the balancer
-    ids=["sigterm", "aws-balancer"],
+    [("model", False), ("model", True), ("model-aws", False), ("model-aws", True)],  # SIGTERM, AWS's metadata
+    ids=["sigterm", "sigterm-balancer", "aws", "aws-balancer"],
 )
 def test_a_service_that_stays_ready_after_its_notice_is_named(runner, name, balancer):
     with pytest.raises(DrainFailure) as failure:
