@@ -27,13 +27,12 @@ from .leftovers import LiveJobs
 from .options import RunOptions, resolve
 from .processes import children
 from .record import ScenarioRecord, as_reported, note_error
-from .redact import SecretMatcher, file_leaks, leaking_files, redact, redact_files, secret_values
+from .redact import SecretMatcher, artifact_leaks, leaking_files, redact, redact_files, secret_values
 from .report import build_report, now_iso, write_json, write_text
 from .report.history import HISTORY_DIR, save_run
 from .report.markdown import render_markdown
 from .report.summary import figure_lines, is_service, lost_steps, verdict_word
 from .runner import ChaosRunner
-from .safefs import UnsafeFile, open_regular
 from .sanitize import visible
 from .stash import RECORDS, STATE
 
@@ -213,18 +212,6 @@ def _catch_stop_signals(state: _State, config: pytest.Config) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         state.old_handlers[signum] = signal.signal(signum, stop)
-
-
-def _file_leaks(path: Path, matcher: SecretMatcher) -> bool:
-    """Whether one artifact holds a secret, read whole (streamed), never through a link."""
-    try:
-        fd = open_regular(path)
-    except (FileNotFoundError, UnsafeFile):
-        return False
-    try:
-        return file_leaks(fd, matcher)
-    finally:
-        os.close(fd)
 
 
 def _selected(state: _State) -> list[JobSpec]:
@@ -434,7 +421,7 @@ class _Collector:
         matcher = SecretMatcher(secrets, shapes=False)
         if not matcher.has_values:
             return []
-        leaks = [str(f) for f in files if _file_leaks(f, matcher)]
+        leaks = [str(f) for f in files if artifact_leaks(f, matcher)]
         runs = self.config.rootpath / self.state.options.output / "runs"
         return sorted(leaks + [str(runs / name) for name in leaking_files(runs, matcher)])
 

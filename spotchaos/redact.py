@@ -35,7 +35,7 @@ from urllib.parse import quote, quote_plus, urlsplit
 
 import re2
 
-from .safefs import Folder, UnsafeFile, regular_files
+from .safefs import Folder, UnsafeFile, open_regular, regular_files
 
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE_KEY|AUTH", re.I)
 KEY_NAME = re.compile(r"(?:^|_)(?:KEY|PAT|DSN)$|WEBHOOK|SIGNING", re.I)  # a secret when its value looks random
@@ -207,6 +207,7 @@ class SecretMatcher:
                 for i in range(len(form) - size + 1):
                     window = form[i : i + size].encode("utf-8", "surrogateescape")
                     self.windows.setdefault(len(window), set()).add(window)
+        self._lengths = sorted(self.windows, reverse=True)  # longest first, for growing a run
         every = sorted({w for ws in self.windows.values() for w in ws}, key=len, reverse=True)
         self._values = re2.compile(b"|".join(re2.escape(w) for w in every), _options()) if every else None
         self.shapes = shapes
@@ -221,7 +222,7 @@ class SecretMatcher:
 
     def _window_at(self, data: bytes, position: int) -> int:
         """The end of the longest window that starts at ``position``, or -1."""
-        for length in sorted(self.windows, reverse=True):
+        for length in self._lengths:
             if data[position : position + length] in self.windows[length]:
                 return position + length
         return -1
@@ -326,6 +327,19 @@ def _each_file(root: Path, act: Callable[[Folder, Path], bool]) -> list[str]:
                 if act(folder, relative):
                     found.append(str(relative))
     return found
+
+
+def artifact_leaks(path: Path, matcher: SecretMatcher) -> bool:
+    """Whether one file the harness wrote (a report, the JUnit XML) holds a secret, read whole,
+    never through a link; a missing or refused file holds none."""
+    try:
+        fd = open_regular(path)
+    except (FileNotFoundError, UnsafeFile):
+        return False
+    try:
+        return file_leaks(fd, matcher)
+    finally:
+        os.close(fd)
 
 
 def leaking_files(root: Path, secrets: Iterable[str] | SecretMatcher) -> list[str]:

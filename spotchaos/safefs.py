@@ -93,15 +93,10 @@ class Folder:
         self.path = path
 
     @classmethod
-    def open(cls, root: Path, relative: str | PurePath = "") -> Folder:
-        """``root/relative`` as a folder; ``root`` itself must not be a link."""
+    def open(cls, root: Path) -> Folder:
+        """``root`` as a folder; ``root`` itself must not be a link."""
         root = Path(root)
-        fd = _open_dir(root, None, root)
-        folder = cls(fd, root)
-        if str(relative) in ("", "."):
-            return folder
-        with folder:
-            return folder.folder(relative)
+        return cls(_open_dir(root, None, root), root)
 
     def folder(self, relative: str | PurePath) -> Folder:
         parts = _parts(self.path, relative)

@@ -202,16 +202,23 @@ def test_events_file_tricks_end_in_one_clear_error(script, tmp_path, trick, says
 
 # --- 5. a fault that never fired fails; an empty plan is an error --------------------------------
 
-NINE_STEPS = """
-    import time
-    from spotchaos.probe import Probe
-    probe = Probe.from_env()
-    probe.start()
-    for step in range(9):
-        probe.step(step, 1.0)
-        time.sleep(0.02)
-    probe.final({}, step=8)
+
+def probe_steps(count: int, pause: float) -> str:
+    """A job of ``count`` probe steps and no checkpoint (a restart starts it over), indented as the
+    project files of these tests are (each is dedented when written)."""
+    body = f"""import time
+from spotchaos.probe import Probe
+probe = Probe.from_env()
+probe.start()
+for step in range({count}):
+    probe.step(step, 1.0)
+    time.sleep({pause})
+probe.final({{}}, step={count - 1})
 """
+    return "\n" + textwrap.indent(body, " " * 8)
+
+
+NINE_STEPS = probe_steps(9, 0.02)
 
 
 def test_a_planned_fault_that_never_fired_fails_naming_it(runner, script):
@@ -632,16 +639,7 @@ def test_a_log_pattern_that_needs_backtracking_is_one_clear_error(pattern):
     assert "\n" not in message and "linear time" in message and "look-arounds or back-references" in message
 
 
-FOUR_STEPS = """
-        import time
-        from spotchaos.probe import Probe
-        probe = Probe.from_env()
-        probe.start()
-        for step in range(4):
-            probe.step(step, 1.0)
-            time.sleep(0.05)
-        probe.final({}, step=3)
-"""  # a job of four probe steps and no checkpoint: a restart starts it over
+FOUR_STEPS = probe_steps(4, 0.05)
 
 
 BROKEN_RESUME_PROJECT = {
