@@ -87,7 +87,9 @@ def test_a_service_that_stays_ready_after_its_notice_is_named(runner, name, bala
     text = str(failure.value)
     assert "kept answering its readiness check 200 for" in text and "after the notice" in text, text
     assert "the platform routed" in text and "fail the readiness check at the notice" in text, text
-    assert "request(s) in flight" not in text and "dropped" not in text, text  # its drain is otherwise right
+    # its drain is otherwise right: what was in flight at the notice is answered (without a balancer a
+    # request can still race the listener's close at the end of its 3 s, a drop of its own)
+    assert "request(s) in flight" not in text, text
 
 
 def test_a_service_deaf_to_the_metadata_notice_is_named(runner):
