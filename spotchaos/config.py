@@ -82,6 +82,9 @@ class JobSpec:
     nnodes: int = 1
     max_restarts: int = 0  # torchrun's --max-restarts: how often the agent restarts a failed group
     rdzv_port: int | None = None  # the rendezvous port of a multi-node job; None: a free one
+    # the ranks per node a resume may use instead of nproc_per_node: declaring it says the job
+    # reshards its checkpoints, so the built-in resharding scenario runs (None: it is skipped)
+    reshard_nproc_per_node: int | None = None
     # how long every rank may go without an event before a hung rank is named (after a hang-rank
     # fault, say); None: event_timeout_seconds
     hang_timeout_seconds: float | None = None
@@ -157,6 +160,14 @@ class JobSpec:
             low = 0 if key == "max_restarts" else 1
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ConfigError(f"{self.where(key)}: must be an integer from {low} to {high}, got {value!r}")
+        reshard = self.reshard_nproc_per_node
+        if reshard is not None:
+            if not isinstance(reshard, int) or isinstance(reshard, bool) or not 1 <= reshard <= 64:
+                raise ConfigError(
+                    f"{self.where('reshard_nproc_per_node')}: must be an integer from 1 to 64, got {reshard!r}"
+                )
+            if self.launcher != "torchrun":
+                raise ConfigError(f'{self.where("reshard_nproc_per_node")}: resharding needs launcher = "torchrun"')
         port = self.rdzv_port
         if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535):
             raise ConfigError(f"{self.where('rdzv_port')}: must be a port from 1024 to 65535, got {port!r}")
@@ -312,6 +323,7 @@ _JOB_KEYS = {
     "nnodes",
     "max_restarts",
     "rdzv_port",
+    "reshard_nproc_per_node",
     "framework",
     *_NUMBER_KEYS,
     *_RENAMED,
@@ -399,6 +411,7 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         "nnodes",
         "max_restarts",
         "rdzv_port",
+        "reshard_nproc_per_node",
         "framework",
     ):
         if key in table:

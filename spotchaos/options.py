@@ -71,11 +71,11 @@ def resolve(
     if examples is not None and examples < 1:
         raise ConfigError(f"--spotchaos-examples: must be >= 1, got {examples}")
 
-    known = {job.name for job in settings.jobs}
+    known = {job.name for job in settings.jobs} | {service.name for service in settings.services}
     for name in jobs or ():
         if name not in known:
             raise ConfigError(
-                f"--spotchaos-job: no job named {name!r} (declared: {', '.join(sorted(known)) or 'none'})"
+                f"--spotchaos-job: no job or service named {name!r} (declared: {', '.join(sorted(known)) or 'none'})"
             )
 
     parsed = Plan.parse(plan) if plan is not None else None

@@ -42,7 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PLAN",
         help="run exactly this plan instead of searching, e.g. 'sigterm@5,sigkill@12' (default: search)",
     )
-    group.addoption("--spotchaos-job", action="append", metavar="NAME", help="only this job (repeatable; default: all)")
+    group.addoption(
+        "--spotchaos-job", action="append", metavar="NAME", help="only this job or service (repeatable; default: all)"
+    )
     group.addoption(
         "--spotchaos-output",
         metavar="DIR",
@@ -73,9 +75,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "spotchaos(jobs=None): a chaos scenario, skipped unless --spotchaos is given; jobs=[names] runs it "
-        "on those jobs only (jobs with parametrize = false are reached only this way)",
+        "spotchaos(jobs=None, services=None, needs=()): a chaos scenario, skipped unless --spotchaos is given; "
+        "jobs=[names] (services=[names]) runs it on those only (jobs with parametrize = false are reached only "
+        "this way or by --spotchaos-job); needs=['ranks'|'nodes'|'reshard'] skips it, saying why, for a job "
+        "that lacks one",
     )
+    config.addinivalue_line("markers", "spotchaos_unfit: set by spotchaos on a job that lacks what a scenario needs")
     if config.getoption("spotchaos"):
         from .pytest_session import start
 
@@ -84,8 +89,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Off: one placeholder, skipped at collection (on: the session parametrizes over the jobs)."""
-    if "spotchaos_job" in metafunc.fixturenames and STATE not in metafunc.config.stash:
-        metafunc.parametrize("spotchaos_job", [None], ids=["off"])
+    if STATE in metafunc.config.stash:
+        return
+    for fixture in ("spotchaos_job", "spotchaos_service"):
+        if fixture in metafunc.fixturenames:
+            metafunc.parametrize(fixture, [None], ids=["off"])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,7 +102,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
         uses = set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("spotchaos") or {"spotchaos", "spotchaos_job"} & uses:
+        if item.get_closest_marker("spotchaos") or {"spotchaos", "spotchaos_job", "spotchaos_service"} & uses:
             item.add_marker(skip)
 
 
@@ -113,6 +121,12 @@ def spotchaos(request: pytest.FixtureRequest):
 @pytest.fixture
 def spotchaos_job(request: pytest.FixtureRequest):
     """Each declared job in turn (parametrized at collection)."""
+    return request.param
+
+
+@pytest.fixture
+def spotchaos_service(request: pytest.FixtureRequest):
+    """Each declared service in turn (``[tool.spotchaos.services.NAME]``, parametrized at collection)."""
     return request.param
 
 

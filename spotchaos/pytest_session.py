@@ -24,6 +24,7 @@ from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
 from .extras import MissingExtra
 from .leftovers import LiveJobs
+from .needs import unmet
 from .options import RunOptions, resolve
 from .processes import children
 from .record import ScenarioRecord, as_reported, note_error
@@ -80,6 +81,7 @@ def _declared_jobs(config: pytest.Config) -> Settings:
 
 
 BUILTIN = Path(__file__).resolve().parent / "scenarios"
+SCENARIO_FIXTURES = {"spotchaos", "spotchaos_job", "spotchaos_service"}
 
 
 def _add_builtin_scenarios(config: pytest.Config, settings: Settings) -> None:
@@ -106,7 +108,7 @@ def _own_scenarios(items: list[pytest.Item]) -> bool:
     for item in items:
         if Path(str(item.path)).resolve().is_relative_to(BUILTIN):
             continue
-        if item.get_closest_marker("spotchaos") or {"spotchaos", "spotchaos_job"} & set(item.fixturenames):
+        if item.get_closest_marker("spotchaos") or SCENARIO_FIXTURES & set(item.fixturenames):
             return True
     return False
 
@@ -221,6 +223,22 @@ def _selected(state: _State) -> list[JobSpec]:
     return [j.in_image(o.image) if o.image and j.launcher != "torchrun" else j for j in jobs]
 
 
+def _selected_services(state: _State) -> list[Any]:
+    """The declared services, narrowed by --spotchaos-job; in --spotchaos-image's container when given."""
+    o = state.options
+    services = [s for s in state.settings.services if not o.jobs or s.name in o.jobs]
+    return [s.in_image(o.image) if o.image else s for s in services]
+
+
+def _marker_kwargs(definition: pytest.Item) -> dict[str, Any]:
+    """Every ``spotchaos`` marker's keywords, the closest winning: a module's ``pytestmark`` may name
+    the jobs of scenarios imported from the package, whose own markers say what they need."""
+    merged: dict[str, Any] = {}
+    for marker in reversed(list(definition.iter_markers("spotchaos"))):
+        merged.update(marker.kwargs)
+    return merged
+
+
 def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
     parts = ["pytest", "--spotchaos", f"--spotchaos-seed={state.options.seed}"]
     if plan:
@@ -289,13 +307,14 @@ class _Collector:
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """``builtin`` unset: the built-in scenarios are the gate of a project without scenarios of
-        its own; beside its own they run only with ``builtin = true``."""
-        if self.state.settings.builtin is not None or not _own_scenarios(items):
-            return
-        builtin = [i for i in items if Path(str(i.path)).resolve().is_relative_to(BUILTIN)]
-        if builtin:
-            config.hook.pytest_deselected(items=builtin)
-            items[:] = [i for i in items if i not in builtin]
+        its own; beside its own they run only with ``builtin = true``. A scenario is left out for the
+        jobs that lack what it needs when they were not named (``spotchaos_unfit``)."""
+        unfit = [i for i in items if i.get_closest_marker("spotchaos_unfit")]
+        if self.state.settings.builtin is None and _own_scenarios(items):
+            unfit += [i for i in items if Path(str(i.path)).resolve().is_relative_to(BUILTIN)]
+        if unfit:
+            config.hook.pytest_deselected(items=unfit)
+            items[:] = [i for i in items if i not in unfit]
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         state = self.state
@@ -311,31 +330,61 @@ class _Collector:
         return lines
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        """Each scenario once per job it takes (``@pytest.mark.spotchaos(jobs=[...])`` names them)."""
-        if "spotchaos_job" not in metafunc.fixturenames:
-            return
+        """Each scenario once per job (``spotchaos_job``) or service (``spotchaos_service``) it takes:
+        ``@pytest.mark.spotchaos(jobs=[...])`` or ``services=[...]`` names them, ``--spotchaos-job``
+        chooses among them; a job that lacks what the scenario ``needs`` gets it skipped, saying why."""
+        marks = _marker_kwargs(metafunc.definition)
+        for fixture, kind in (("spotchaos_job", "jobs"), ("spotchaos_service", "services")):
+            if fixture not in metafunc.fixturenames:
+                continue
+            chosen = self._chosen(metafunc, kind, marks.get(kind))
+            # what was named (by --spotchaos-job or the marker) and cannot run is skipped, saying why;
+            # a scenario that only fans out over everything declared leaves out what does not fit
+            named = bool(self.state.options.jobs) or marks.get(kind) is not None
+            if not chosen:
+                why = self._none_chosen(kind)
+                mark = pytest.mark.skip(reason=f"spotchaos: {why}") if named else pytest.mark.spotchaos_unfit
+                metafunc.parametrize(fixture, [pytest.param(None, marks=mark, id=f"no-{kind[:-1]}")])
+                continue
+            params = []
+            for each in chosen:
+                needs = marks.get("needs") or () if kind == "jobs" else ()
+                try:
+                    reason = unmet(each, needs, metafunc.definition.nodeid)
+                except ConfigError as exc:
+                    raise pytest.UsageError(f"spotchaos: {exc}") from None
+                unfit = pytest.mark.skip(reason=f"spotchaos: {reason}") if named else pytest.mark.spotchaos_unfit
+                params.append(pytest.param(each, marks=[unfit] if reason else [], id=each.name))
+            metafunc.parametrize(fixture, params)
+
+    def _chosen(self, metafunc: pytest.Metafunc, kind: str, named: list[str] | None) -> list[Any]:
+        """The jobs or services a scenario takes: those its marker names, else every one declared
+        (jobs: those with ``parametrize``), narrowed by --spotchaos-job."""
         state = self.state
-        marker = metafunc.definition.get_closest_marker("spotchaos")
-        named = marker.kwargs.get("jobs") if marker is not None else None
-        selected = _selected(state)
+        selected = _selected(state) if kind == "jobs" else _selected_services(state)
         if named is not None:
-            jobs = [j for j in selected if j.name in named]
-            if not jobs and not state.options.jobs:
-                declared = ", ".join(j.name for j in state.settings.jobs) or "none"
+            chosen = [each for each in selected if each.name in named]
+            if not chosen and not state.options.jobs:
+                declared = state.settings.jobs if kind == "jobs" else state.settings.services
+                names = ", ".join(each.name for each in declared) or "none"
                 where = metafunc.definition.nodeid
-                raise pytest.UsageError(f"spotchaos: {where} names jobs {named}; declared: {declared}")
-        else:  # --spotchaos-job names the jobs: every scenario takes them, parametrize or not
-            jobs = [j for j in selected if j.parametrize or state.options.jobs]
-        if not jobs and not state.settings.jobs:
+                raise pytest.UsageError(f"spotchaos: {where} names {kind} {named}; declared: {names}")
+            return chosen
+        if kind == "jobs" and not state.options.jobs:  # --spotchaos-job names the jobs: every scenario takes them
+            return [job for job in selected if job.parametrize]
+        return selected
+
+    def _none_chosen(self, kind: str) -> str:
+        """Why a scenario has no job (or service) to take; nothing declared at all is a usage error."""
+        settings = self.state.settings
+        if not settings.jobs and not settings.services:
             raise pytest.UsageError(
                 "spotchaos: no job to test. Declare one in pyproject.toml:\n"
                 '  [tool.spotchaos.jobs.train]\n  command = ["python", "train.py"]'
             )
-        if not jobs:  # --spotchaos-job chose jobs this test does not take
-            skip = pytest.mark.skip(reason="spotchaos: none of the selected jobs is for this test")
-            metafunc.parametrize("spotchaos_job", [pytest.param(None, marks=skip, id="no-job")])
-            return
-        metafunc.parametrize("spotchaos_job", jobs, ids=[j.name for j in jobs])
+        if not (settings.jobs if kind == "jobs" else settings.services):
+            return f"no {kind[:-1]} declared ([tool.spotchaos.{kind}.NAME] in pyproject.toml)"
+        return f"none of the selected {kind} is for this test"
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """End the session's jobs, containers and servers; restore the signal handlers."""

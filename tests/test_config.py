@@ -130,7 +130,7 @@ def test_options_precedence_and_errors():
         _resolve(seed="abc")
     with pytest.raises(ConfigError, match="--spotchaos-profile"):
         _resolve(profile="huge")
-    with pytest.raises(ConfigError, match="--spotchaos-job: no job named 'x'"):
+    with pytest.raises(ConfigError, match="--spotchaos-job: no job or service named 'x'"):
         _resolve(jobs=["x"])
 
 

@@ -129,7 +129,7 @@ def test_bad_option_values_are_usage_errors(pytester):
     pytester.makepyfile(test_s=SCENARIO)
     for args, message in [
         (["--spotchaos-plan=sigint@3"], "*unknown preemption 'sigint'*"),
-        (["--spotchaos-job=nope"], "*--spotchaos-job: no job named 'nope' (declared: ref)*"),
+        (["--spotchaos-job=nope"], "*--spotchaos-job: no job or service named 'nope' (declared: ref)*"),
         (["--spotchaos-seed=x"], "*--spotchaos-seed: expected an integer or 'last'*"),
     ]:
         result = pytester.runpytest_subprocess("--spotchaos", *args)
@@ -261,6 +261,48 @@ def test_a_job_named_with_spotchaos_job_runs_every_scenario_even_with_parametriz
     assert "test_resume[mine]" not in unnamed.stdout.str()
 
 
+def test_builtin_distributed_and_service_scenarios_take_a_users_job_by_name_and_say_what_they_need(pytester):
+    """The packaged multi-rank and service scenarios on jobs of the user's own, named with
+    --spotchaos-job: what a job lacks (several ranks, several nodes, resharding) is a skip that says
+    what to declare; run over everything declared, what does not fit is left out, not skipped."""
+    ddp = f"""
+[tool.spotchaos.jobs.mine]
+command = ["python", "{FIXTURES / "ddp_trainer.py"}"]
+launcher = "torchrun"
+nproc_per_node = 2
+[tool.spotchaos.services.svc]
+command = ["python", "{FIXTURES / "serve_model.py"}", "--port", "{{port}}"]
+"""
+    pytester.makefile(".toml", pyproject=pyproject() + ddp)
+    named = ["--spotchaos", "--spotchaos-job=ref", "--spotchaos-job=mine", "-rs"]
+    modules = ["--pyargs", "spotchaos.scenarios.test_distributed", "-k", "lost_node or another_world_size"]
+    skipped = pytester.runpytest_subprocess(*named, *modules)
+    skipped.assert_outcomes(skipped=4)  # nothing ran: each pair lacks what its scenario needs
+    skipped.stdout.fnmatch_lines_random(
+        [
+            "*needs a multi-rank job: launcher = \"torchrun\" with 2 or more ranks; 'ref' is launcher = 'python'",
+            "*needs several nodes: nnodes = 2 or more; 'mine' has nnodes = 1",
+            "*needs resharding: declare reshard_nproc_per_node (the ranks per node a resume may use) for 'mine'*",
+        ]
+    )
+    everything = ["--pyargs", "spotchaos.scenarios.test_distributed", "spotchaos.scenarios.test_serving"]
+    listed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q", *everything)
+    lines = listed.stdout.str()
+    assert "test_ranks_resume_bit_exact_after_preemptions[mine]" in lines
+    assert "test_the_service_drains_through_its_reclaim_notice[svc]" in lines
+    assert "[ref]" not in lines and "test_a_lost_node" not in lines and "another_world_size" not in lines
+    listed.stdout.fnmatch_lines(["*6/15 tests collected (9 deselected)*"])
+    service = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-job=ref", "-rs", *everything[:1], everything[2])
+    service.assert_outcomes(skipped=1)
+    service.stdout.fnmatch_lines(["*spotchaos: none of the selected services is for this test*"])
+    pytester.makepyfile(
+        test_s="import pytest\n@pytest.mark.spotchaos(needs=['gpus'])\ndef test_x(spotchaos, spotchaos_job): pass\n"
+    )
+    unknown = pytester.runpytest_subprocess("--spotchaos", "test_s.py")
+    assert unknown.ret == pytest.ExitCode.INTERRUPTED  # a collection error: the scenario's own mistake
+    unknown.stdout.fnmatch_lines(["*test_s.py::test_x: unknown need 'gpus' in its spotchaos marker (known: ranks*"])
+
+
 def test_an_image_for_every_job_leaves_torchrun_jobs_local_instead_of_crashing(pytester):
     """--spotchaos-image on a project that also declares a torchrun job: the others go into the
     image, the torchrun job stays a local process group (a container's torchrun is not built)."""
@@ -290,7 +332,7 @@ def test_a_project_that_only_declares_a_job_gets_the_built_in_scenarios(pytester
     listed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q")
     assert listed.ret == 0, listed.stdout.str() + listed.stderr.str()
     listed.stdout.fnmatch_lines(BUILT_IN, consecutive=False)
-    assert "8 tests collected" in listed.stdout.str()
+    assert "8/16 tests collected (8 deselected)" in listed.stdout.str()  # the multi-rank and service ones do not fit
     off = pytester.runpytest_subprocess("--collect-only", "-q")  # without --spotchaos: nothing of spotchaos
     assert "test_preemption.py" not in off.stdout.str()
 
