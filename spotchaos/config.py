@@ -85,6 +85,10 @@ class JobSpec:
     # the ranks per node a resume may use instead of nproc_per_node: declaring it says the job
     # reshards its checkpoints, so the built-in resharding scenario runs (None: it is skipped)
     reshard_nproc_per_node: int | None = None
+    # how many GPUs each attempt needs: leased for its whole life, distinct from every other
+    # attempt's on this machine (spotchaos/gpu_leases.py), handed over as CUDA_VISIBLE_DEVICES or a
+    # container's device ids. None: a container's own gpus, else none
+    gpus: int | None = None
     # how long every rank may go without an event before a hung rank is named (after a hang-rank
     # fault, say); None: event_timeout_seconds
     hang_timeout_seconds: float | None = None
@@ -160,6 +164,9 @@ class JobSpec:
             low = 0 if key == "max_restarts" else 1
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ConfigError(f"{self.where(key)}: must be an integer from {low} to {high}, got {value!r}")
+        gpus = self.gpus
+        if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= 64):
+            raise ConfigError(f"{self.where('gpus')}: must be a count of GPUs from 1 to 64, got {gpus!r}")
         reshard = self.reshard_nproc_per_node
         if reshard is not None:
             if not isinstance(reshard, int) or isinstance(reshard, bool) or not 1 <= reshard <= 64:
@@ -188,6 +195,13 @@ class JobSpec:
                 f"{self.where('log')}: a torchrun job reports per rank through the probe (RANK is read from torchrun); "
                 "the log adapter reads one process's output"
             )
+
+    @property
+    def gpu_request(self) -> int | str | None:
+        """The GPUs an attempt leases: a count, "all", or None (it needs none)."""
+        if self.gpus is not None:
+            return self.gpus
+        return self.container.gpus if self.container is not None else None
 
     @property
     def world_size(self) -> int:
@@ -272,6 +286,7 @@ class Settings:
     builtin: bool | None = None
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
     services: tuple[Any, ...] = field(default_factory=tuple)  # ServiceSpec (spotchaos.serving.spec)
+    gpus: tuple[str, ...] | None = None  # the machine's GPUs to lease (None: what nvidia-smi lists)
 
     def service(self, name: str) -> Any:
         """The service declared as ``name``, or a ConfigError listing the declared ones."""
@@ -324,6 +339,7 @@ _JOB_KEYS = {
     "max_restarts",
     "rdzv_port",
     "reshard_nproc_per_node",
+    "gpus",
     "framework",
     *_NUMBER_KEYS,
     *_RENAMED,
@@ -354,7 +370,7 @@ def _cost(table: Any, where: str) -> CostInputs:
     return CostInputs(**table)
 
 
-_TOP_KEYS = {"output", "builtin", "jobs", "services"}
+_TOP_KEYS = {"output", "builtin", "jobs", "services", "gpus"}
 
 
 def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpec:
@@ -412,6 +428,7 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         "max_restarts",
         "rdzv_port",
         "reshard_nproc_per_node",
+        "gpus",
         "framework",
     ):
         if key in table:
@@ -472,4 +489,9 @@ def load_settings(pyproject: Path) -> Settings:
     from .serving.spec import service_from_mapping  # the services' own module: config stays about jobs
 
     services = tuple(service_from_mapping(name, t, str(pyproject)) for name, t in services_table.items())
-    return Settings(output=output, builtin=builtin, jobs=jobs, services=services)
+    gpus = None
+    if "gpus" in table:
+        from .gpu_leases import parse_devices
+
+        gpus = parse_devices(table["gpus"], f"{pyproject} [tool.spotchaos].gpus")
+    return Settings(output=output, builtin=builtin, jobs=jobs, services=services, gpus=gpus)

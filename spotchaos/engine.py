@@ -27,6 +27,7 @@ from .config import JobSpec
 from .errors import JobError
 from .events import EventReader
 from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, CheckpointSet, Damage
+from .gpu_leases import GpuLease, GpuPool, GpuUnavailable
 from .hold import (
     ENV_HOLD_PATTERN,
     ENV_HOLD_PRINTED,
@@ -84,6 +85,8 @@ class EngineOptions:
     trace_rank: int | None = None
     # a torchrun job resumed on another world size: the ranks per node of every attempt after the first
     resume_nproc: int | None = None
+    # the machine's GPUs, for a job that needs some: each attempt leases its own (None: it needs none)
+    gpus: GpuPool | None = None
 
 
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -441,6 +444,9 @@ def _run_attempt(
         metadata = channel(fault.metadata)  # type: ignore[union-attr]
         env.update(metadata.environment())
     env.update(dict(options.extra_env))
+    lease = _lease_gpus(job, index, run_id, options)  # before the clock starts: a wait is no start-up time
+    if lease is not None and job.container is None:  # a container sees its devices only, numbered from 0
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(lease.devices)
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
     # an output directory writes where the harness works on copies.
     resume = index > 0 and (job.resume_if_exists is None or any(checkpoints.glob(job.resume_if_exists)))
@@ -454,6 +460,7 @@ def _run_attempt(
         grace_seconds=float(job.grace_seconds or 30.0),
         writable=(workdir,),
         readable=(CRASHPOINT_DIR, PROBE_FILE) if hooked else (),
+        gpus=lease.devices if lease is not None else (),
     )
     reader: EventReader | LogEventReader
     if job.log is not None:
@@ -475,6 +482,8 @@ def _run_attempt(
             metadata.close()
         if hold is not None:
             hold.close()
+        if lease is not None:
+            lease.release()
         raise
     # written down for the next pytest, should this one die: who runs, and the folder to remove
     identity = {**getattr(handle, "identity", {}), "scratch": str(scratch) if scratch is not None else None}
@@ -518,6 +527,8 @@ def _run_attempt(
                 metadata.close()
             if hold is not None:
                 hold.close()
+            if lease is not None:
+                lease.release()
     if metadata is not None and watch.fault is not None and watch.delivered_at is not None:
         watch.fault.detail = metadata.how_it_was_read(watch.delivered_at)  # did the trainer read it, how soon
     if isinstance(reader, LogEventReader) and watch.fault is None:  # a clean exit after a notice is no finish
@@ -549,6 +560,7 @@ def _run_attempt(
         stdout_tail=_tail(spec.stdout_path),
         # torchrun's agent ends with a banner of its own: the ranks' exceptions are further up
         stderr_tail=_tail(spec.stderr_path, TAIL_BYTES * (4 if job.launcher == "torchrun" else 1)),
+        gpus=lease.describe() if lease is not None else None,
     )
     if job.launcher == "torchrun" and watch.fault is not None:
         attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)
@@ -565,6 +577,23 @@ def _run_attempt(
     elif attempt.fault is None:
         _check_unprovoked_exit(job, attempt)
     return attempt, learned
+
+
+def _lease_gpus(job: JobSpec, index: int, run_id: str, options: EngineOptions) -> GpuLease | None:
+    """The GPUs this attempt holds for its whole life, distinct from every other attempt's on the
+    machine; None for a job that needs none. No GPU at all is a skip (GpuUnavailable)."""
+    request = job.gpu_request
+    if request is None:
+        return None
+    pool = options.gpus or GpuPool()
+    if not pool.devices:
+        raise GpuUnavailable(
+            f"{job.where('gpus')}: the job asks for GPUs ({request}) and this machine has none ({pool.source} "
+            "lists none; declare them with [tool.spotchaos] gpus or SPOTCHAOS_GPUS)"
+        )
+    count = len(pool.devices) if request == "all" else int(request)
+    holder = {"job": job.name, "attempt": index, "run": run_id}
+    return pool.lease(count, holder, timeout=job.attempt_timeout_seconds)
 
 
 def _arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOptions, folder: Path) -> Hold | None:

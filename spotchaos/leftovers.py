@@ -27,7 +27,7 @@ LIVE_DIR_VARIABLE = "SPOTCHAOS_LIVE_DIR"  # where the entries live (tests point 
 MARKER_VARIABLE = "SPOTCHAOS_RUN_ID"
 
 
-def _private_dir(path: Path) -> Path:
+def private_dir(path: Path) -> Path:
     """``path`` created 0700, refused if it is a link or someone else's (a shared /tmp)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(path)
@@ -49,7 +49,7 @@ class LiveJobs:
         """Write down one running attempt; None when the directory cannot be used (then only
         this process's own cleanup protects it, as before)."""
         try:
-            folder = _private_dir(_private_dir(self.directory) / self.owner)
+            folder = private_dir(private_dir(self.directory) / self.owner)
             entry = folder / f"{uuid.uuid4().hex}.json"
             entry.write_text(json.dumps({"run_id": run_id, **identity}))
         except (OSError, RuntimeError):

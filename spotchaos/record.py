@@ -52,6 +52,8 @@ def note_run(record: ScenarioRecord | None, plan: Plan, run: RunRecord, verdict:
         "escaped_processes": [p for a in run.attempts for p in a.escaped],
         "not_reached": run.not_reached,  # planned faults whose attempt never started: training was already done
     }
+    if any(a.gpus for a in run.attempts):  # where each attempt ran: the devices it leased, and when
+        summary["gpus"] = [a.gpus for a in run.attempts]
     record.runs.append(summary)
     if record.reference is None:
         record.reference = {

@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING, Any
 from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
 from .checkpoint_reader import ConfinedLoader, tensor_distances
-from .config import JobSpec
+from .config import JobSpec, load_settings
 from .container import ContainerSpec
 from .determinism import HINT, Audit, Envelope
 from .determinism import audit as audit_runs
 from .engine import EngineOptions, run_job
 from .errors import NotDeterministic, SpotchaosError
 from .frameworks import framework_of, state_diff_ignore
+from .gpu_leases import GpuPool
 from .logadapter import StepConvention, convention_from_dict
 from .plan import Plan
 from .probe import ENV_CHECKPOINT_URI
@@ -67,6 +68,7 @@ class SessionCore:
         self._s3: S3Service | None = None  # started with the first job that checkpoints to S3
         self._resources = contextlib.ExitStack()  # what close() stops: containers, the S3 server and its proxy
         self.secrets: list[str] = []  # every S3 secret handed to a job: redacted and searched for in the output
+        self._gpus: GpuPool | None = None  # the machine's GPUs, found with the first job that needs one
 
     def __enter__(self):
         return self
@@ -138,6 +140,14 @@ class SessionCore:
     def checkpoint_steps(self, job: JobSpec) -> list[int]:
         """Steps after which the uninterrupted run reported a durable checkpoint."""
         return [e["step"] for e in self.reference(job).attempts[0].of_kind("checkpoint")]
+
+    def gpus(self) -> GpuPool:
+        """The GPUs attempts lease: ``[tool.spotchaos] gpus`` of the session's project (or
+        SPOTCHAOS_GPUS), else what nvidia-smi lists."""
+        with self._lock:
+            if self._gpus is None:
+                self._gpus = GpuPool(load_settings(self.root / "pyproject.toml").gpus)
+            return self._gpus
 
     def backend(self, job: JobSpec) -> DockerBackend | None:
         """The job's backend: its own container image, else None (a local process group)."""
@@ -214,6 +224,7 @@ class SessionCore:
             options = EngineOptions(
                 root=self.root,
                 backend=self.backend(job),
+                gpus=self.gpus() if job.gpu_request is not None else None,
                 trace_fs=trace_fs,
                 extra_env=tuple(storage_env.items()),
                 before_restart=hook,

@@ -68,6 +68,7 @@ class Attempt:
     group_restart: int = 0
     launcher_signalled: bool = False
     launcher_killed: bool = False  # the agent SIGKILLed workers 30 s after forwarding the notice
+    gpus: dict[str, Any] | None = None  # the GPUs it leased: devices, when acquired and released, the wait
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["event"] == kind]

@@ -63,3 +63,15 @@ def test_the_report_names_the_device_and_its_memory():
 
     env = environment(ROOT)
     assert env["cuda_available"] and env["gpu"] and env["gpu_memory_bytes"] > 0 and env["gpu_count"] >= 1
+
+
+def test_an_attempt_on_cuda_leases_a_gpu_the_driver_lists_and_sees_only_it(runner):
+    """``gpus = 1`` on a GPU machine: the lease comes from nvidia-smi's list and is what the job's
+    CUDA_VISIBLE_DEVICES names; the run is judged as any other."""
+    from spotchaos.gpu_leases import discovered_devices
+
+    job = cuda_trainer(gpus=1)
+    verdict = runner.check(job, Plan.parse("sigterm@7"))
+    assert verdict.passed, verdict.message()
+    leased = runner.reference(job).attempts[0].gpus
+    assert leased is not None and len(leased["devices"]) == 1 and leased["devices"][0] in discovered_devices()

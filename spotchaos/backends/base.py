@@ -19,6 +19,7 @@ class LaunchSpec:
     grace_seconds: float = 30.0  # the job's notice window (a container's stop timeout)
     writable: tuple[Path, ...] = ()  # the run's own directory: a container binds it read-write
     readable: tuple[Path, ...] = ()  # harness files the job loads (the crash-point hook): read-only
+    gpus: tuple[str, ...] = ()  # the GPUs leased to the attempt: a container's device ids
 
 
 class Handle(Protocol):

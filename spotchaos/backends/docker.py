@@ -24,6 +24,7 @@ from typing import Any
 from ..container import ContainerSpec
 from ..errors import BackendError
 from ..gpu import gpus_present
+from ..gpu_leases import GpuUnavailable
 from ..safefs import create_new
 from .base import LaunchSpec
 
@@ -35,10 +36,6 @@ SHELLS = {"sh", "bash", "dash", "ash", "zsh", "busybox"}
 
 class DockerUnavailable(BackendError):
     """No Docker daemon answers (or the SDK is missing): container jobs cannot run here."""
-
-
-class GpuUnavailable(BackendError):
-    """A job asks for GPUs and this machine has none."""
 
 
 def _docker_host() -> str:
@@ -193,7 +190,9 @@ class DockerBackend:
             options["mem_limit"] = c.memory
         if c.shm_size is not None:
             options["shm_size"] = c.shm_size
-        if c.gpus is not None:
+        if spec.gpus:  # the devices leased to this attempt, never "the first N" every container would get
+            options["device_requests"] = [DeviceRequest(device_ids=list(spec.gpus), capabilities=[["gpu"]])]
+        elif c.gpus is not None:
             count = -1 if c.gpus == "all" else int(c.gpus)
             options["device_requests"] = [DeviceRequest(count=count, capabilities=[["gpu"]])]
         try:
