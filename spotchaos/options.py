@@ -29,6 +29,7 @@ class RunOptions:
     require_docker: bool = False  # no Docker daemon: fail instead of skipping (always in CI)
     require_gpu: bool = False  # a job asks for GPUs and there are none: fail instead of skipping
     verbose: bool = False  # pytest -v: a timing-dependent failure also shows hypothesis's own account
+    parallel: int | None = None  # plans of one scenario run at once (None: the job's GPU leases decide)
 
 
 def resolve(
@@ -47,6 +48,7 @@ def resolve(
     require_docker: bool = False,
     require_gpu: bool = False,
     verbose: bool = False,
+    parallel: int | None = None,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     if seed is None:
@@ -70,6 +72,8 @@ def resolve(
         raise ConfigError(f"--spotchaos-profile: expected one of {', '.join(PROFILES)}, got {profile!r}")
     if examples is not None and examples < 1:
         raise ConfigError(f"--spotchaos-examples: must be >= 1, got {examples}")
+    if parallel is not None and not 1 <= parallel <= 256:
+        raise ConfigError(f"--spotchaos-parallel: must be from 1 to 256 plans at once, got {parallel}")
 
     known = {job.name for job in settings.jobs} | {service.name for service in settings.services}
     for name in jobs or ():
@@ -97,6 +101,7 @@ def resolve(
         require_docker=require_docker or bool(environ.get("CI")),
         require_gpu=require_gpu,
         verbose=verbose,
+        parallel=parallel,
     )
 
 

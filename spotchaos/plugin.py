@@ -66,6 +66,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail scenarios of jobs that ask for GPUs when there are none (default: skip them)",
     )
     group.addoption(
+        "--spotchaos-parallel",
+        type=int,
+        metavar="N",
+        help="run up to N plans of a scenario at once, then replay the search on their verdicts "
+        "(default: 1; a job with gpus: as many as the GPUs lease)",
+    )
+    group.addoption(
         "--spotchaos-keep-runs",
         action="store_true",
         help="keep the working directory of passing runs too (default: only failing ones)",

@@ -127,6 +127,7 @@ def start(config: pytest.Config) -> None:
             plan=config.getoption("spotchaos_plan"),
             jobs=config.getoption("spotchaos_job"),
             keep_runs=config.getoption("spotchaos_keep_runs"),
+            parallel=config.getoption("spotchaos_parallel"),
             image=config.getoption("spotchaos_image"),
             require_docker=config.getoption("spotchaos_require_docker"),
             require_gpu=config.getoption("spotchaos_require_gpu"),

@@ -150,11 +150,21 @@ class Scenario:
             self.runner.check(job, self._state.options.plan, record)
             return
         options = self._state.options
-        settings = ExploreSettings(max_examples=options.max_examples, seed=self._seed, verbose=options.verbose)
+        parallel = options.parallel or self._gpu_parallel(job)
+        settings = ExploreSettings(
+            max_examples=options.max_examples, seed=self._seed, verbose=options.verbose, parallel=parallel
+        )
         if rank_crashes:
             self.runner.explore_rank_crashes(job, record, settings=settings)
         else:
             self.runner.explore(job, plans, settings=settings, record=record, first=first)
+
+    def _gpu_parallel(self, job: JobSpec) -> int:
+        """A job with gpus: as many plans at once as the machine's GPUs lease (1 without any)."""
+        request = job.gpu_request
+        if not isinstance(request, int) or isinstance(request, bool):
+            return 1
+        return max(1, len(self.runner.gpus().devices) // request)
 
     def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:
         measure = None

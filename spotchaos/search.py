@@ -4,7 +4,9 @@ smallest plan that still fails. It knows how to call a check, not what the check
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, given, reject
@@ -21,6 +23,7 @@ from .record import ScenarioRecord, note_plans
 from .session import SessionCore
 from .strategies import FirstPlans, preemption_plans, resumes_from_a_checkpoint
 from .trajectory import RunRecord
+from .verdict import Verdict
 
 log = logging.getLogger("spotchaos")
 PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]
@@ -31,6 +34,7 @@ class ExploreSettings:
     max_examples: int = 3
     seed: int | None = None
     verbose: bool = False  # a failure that did not replay also carries hypothesis's exception group
+    parallel: int = 1  # plans run at once ahead of the search (1: one after another, as drawn)
 
 
 def explore(
@@ -69,6 +73,29 @@ def explore(
     # fail twice was decided by timing, which the report must say
     verdicts: dict[str, str] = {}
 
+    leading = _first_plans(first, reference)[: max(0, settings.max_examples - 1)]  # at least one searched
+    searched = max(1, settings.max_examples - len(leading))
+    test_settings = hypothesis_settings(
+        max_examples=searched,
+        deadline=None,
+        database=None,
+        derandomize=settings.seed is None,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
+
+    def searching(function: Callable[[Plan], None]) -> Callable[[], None]:
+        test = test_settings(given(plan=strategy)(function))
+        return hypothesis_seed(settings.seed)(test) if settings.seed is not None else test
+
+    # Plans in parallel: the plans the search will draw are run ahead, several at once; the search
+    # then runs as always, one plan after another, and finds each drawn plan's run already made.
+    # Where every plan passes it draws exactly those; a failure or a rejected plan makes it draw
+    # others (shrinking), which run then, one at a time.
+    ahead = _run_ahead(core, job, leading, searching, settings, record) if settings.parallel > 1 else {}
+
     def attempt(plan: Plan) -> None:
         nonlocal tried
         if aborted:
@@ -81,8 +108,11 @@ def explore(
         tried += 1
         shrinking = " (shrinking a failure)" if tried > settings.max_examples else ""
         log.info("job %s: plan %d of %d planned%s: %s", job.name, tried, settings.max_examples, shrinking, plan)
+        ran = ahead.pop(key, None)  # a failing plan's replay is run again: only its first verdict was made ahead
         try:
-            check(core, job, plan, record)
+            if isinstance(ran, BaseException):
+                raise ran
+            check(core, job, plan, record, ran)
             verdicts[key] = "passed"
         except DamageNotApplied:
             verdicts[key] = "reject"
@@ -92,25 +122,10 @@ def explore(
         except SpotchaosError as exc:
             aborted.append(exc)
 
-    leading = _first_plans(first, reference)[: max(0, settings.max_examples - 1)]  # at least one searched
     for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
         attempt(plan)
-    searched = max(1, settings.max_examples - len(leading))
-    test = given(plan=strategy)(attempt)
-    test = hypothesis_settings(
-        max_examples=searched,
-        deadline=None,
-        database=None,
-        derandomize=settings.seed is None,
-        phases=(Phase.generate, Phase.shrink),
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-        print_blob=False,
-    )(test)
-    if settings.seed is not None:
-        test = hypothesis_seed(settings.seed)(test)
     try:
-        test()
+        searching(attempt)()
     except FlakyFailure as group:
         failure = _first_verdict(group)
         if failure is None:
@@ -131,9 +146,67 @@ def explore(
         ) from None
     finally:
         note_plans(record, tried)
+        for left in ahead.values():  # run ahead, never reached by the search (it went elsewhere)
+            if not isinstance(left, BaseException):
+                core.discard(left[0])
     if aborted:
         raise aborted[0]
     return tried
+
+
+def _run_ahead(
+    core: SessionCore,
+    job: JobSpec,
+    leading: list[Plan],
+    searching: Callable[[Callable[[Plan], None]], Callable[[], None]],
+    settings: ExploreSettings,
+    record: ScenarioRecord | None,
+) -> dict[str, tuple[RunRecord, Verdict] | BaseException]:
+    """Each plan the search will draw if every plan passes (the same hypothesis search, seeded alike,
+    on a test that runs nothing), run ``settings.parallel`` at a time: its run and verdict, or what it
+    raised. The first error that is no verdict (the job hung, crashed) stops what has not started."""
+    drawn: list[Plan] = []
+
+    def draw(plan: Plan) -> None:
+        drawn.append(plan)
+
+    searching(draw)()
+    plans = list({str(p): p for p in (*leading, *drawn)}.values())
+    spans: list[tuple[float, float]] = []
+    done: dict[str, tuple[RunRecord, Verdict] | BaseException] = {}
+    started = time.monotonic()
+
+    def run(plan: Plan) -> None:
+        if any(isinstance(r, SpotchaosError) and not isinstance(r, ScenarioFailure) for r in done.values()):
+            return
+        begun = time.monotonic()
+        try:
+            done[str(plan)] = core.run(job, plan)
+        except BaseException as exc:  # raised again where the search reaches the plan
+            done[str(plan)] = exc
+        spans.append((begun, time.monotonic()))
+
+    with ThreadPoolExecutor(max_workers=settings.parallel, thread_name_prefix="spotchaos-plan") as pool:
+        list(pool.map(run, plans))
+    if record is not None:
+        record.figures["parallel"] = {
+            "workers": settings.parallel,
+            "plans_run_ahead": len(spans),
+            "max_concurrent": _most_at_once(spans),
+            "wall_seconds": round(time.monotonic() - started, 3),
+            "run_seconds": round(sum(b - a for a, b in spans), 3),
+        }
+    return done
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most intervals open at one moment."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    most = current = 0
+    for _, change in edges:
+        current += change
+        most = max(most, current)
+    return most
 
 
 def _first_plans(first: FirstPlans | None, reference: RunRecord) -> list[Plan]:

@@ -8,6 +8,7 @@ from ..errors import ConfigError, ScenarioFailure, SpotchaosError
 from ..plan import Plan
 from ..record import ScenarioRecord, note_run
 from ..session import SessionCore
+from ..trajectory import RunRecord
 from ..verdict import Verdict
 
 
@@ -25,13 +26,20 @@ class DamageNotApplied(SpotchaosError):
     """A plan's checkpoint fault found nothing to damage (no durable checkpoint yet, say)."""
 
 
-def check(core: SessionCore, job: JobSpec, plan: Plan | str, record: ScenarioRecord | None = None) -> Verdict:
+def check(
+    core: SessionCore,
+    job: JobSpec,
+    plan: Plan | str,
+    record: ScenarioRecord | None = None,
+    ran: tuple[RunRecord, Verdict] | None = None,
+) -> Verdict:
     """Run one plan (a :class:`Plan` or ``"sigterm@5,sigkill@12"``); raise :class:`ChaosFailure`
-    unless every verdict holds."""
+    unless every verdict holds. ``ran``: the plan's run and verdict, already made (a plan run
+    ahead of the search, in parallel), judged and recorded as if run now."""
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
     if not plan.preemptions:
         raise ConfigError(f"job {job.name!r}: an empty plan preempts nothing; give at least one FAULT@STEP")
-    run, verdict = core.run(job, plan)
+    run, verdict = ran if ran is not None else core.run(job, plan)
     skipped = [a.damage for a in run.attempts if a.damage is not None and not a.damage.applied]
     if skipped:
         raise DamageNotApplied(

@@ -1,0 +1,61 @@
+"""Plans in parallel: a scenario's plans run several at once ahead of the search, and the search
+then decides on their verdicts exactly as it would have one plan at a time: the same plans, in
+the same order, the same verdicts, the same minimal failing plan."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotchaos.config import JobSpec, Settings
+from spotchaos.errors import ConfigError
+from spotchaos.options import resolve
+from spotchaos.record import ScenarioRecord
+from spotchaos.runner import ChaosFailure
+from spotchaos.search import ExploreSettings, explore
+from spotchaos.strategies import preemption_plans
+
+from .helpers import FIXTURES
+
+
+def trainer(script: str) -> JobSpec:
+    command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "12", "--checkpoint-every", "3")
+    return JobSpec(name=script.replace("_", "-"), command=command, grace_seconds=10)
+
+
+def search(runner, job: JobSpec, parallel: int, examples: int) -> tuple[ScenarioRecord, str | None]:
+    record = ScenarioRecord(scenario="parallel", job=job.name, seed=5)
+    settings = ExploreSettings(max_examples=examples, seed=5, parallel=parallel)
+    try:
+        explore(runner, job, lambda steps: preemption_plans(steps, max_preemptions=2), settings=settings, record=record)
+    except ChaosFailure as failure:
+        return record, str(failure.plan)
+    return record, None
+
+
+def test_plans_run_two_at_a_time_and_the_search_decides_as_it_would_one_at_a_time(runner):
+    job = trainer("reference_trainer")
+    serial, _ = search(runner, job, parallel=1, examples=3)
+    parallel, _ = search(runner, job, parallel=2, examples=3)
+    assert [(r["plan"], r["passed"]) for r in parallel.runs] == [(r["plan"], r["passed"]) for r in serial.runs]
+    assert len(serial.runs) == 3 and serial.passed and parallel.passed
+    figures = parallel.figures["parallel"]
+    assert figures["workers"] == 2 and figures["plans_run_ahead"] == 3 and figures["max_concurrent"] == 2
+    assert "parallel" not in serial.figures
+
+
+def test_a_failure_found_in_parallel_shrinks_to_the_plan_the_serial_search_finds(runner):
+    job = trainer("broken_no_rng_restore")
+    serial, serial_plan = search(runner, job, parallel=1, examples=2)
+    parallel, parallel_plan = search(runner, job, parallel=2, examples=2)
+    assert serial_plan is not None and parallel_plan == serial_plan
+    assert [r["plan"] for r in parallel.runs] == [r["plan"] for r in serial.runs]
+    assert parallel.failing_plan == serial.failing_plan and not parallel.passed
+
+
+@pytest.mark.unit
+def test_a_parallel_count_out_of_range_is_one_clear_error():
+    with pytest.raises(ConfigError, match="--spotchaos-parallel: must be from 1 to 256 plans at once, got 0"):
+        resolve(
+            seed="1", last_seed=None, profile=None, examples=None, output=None, plan=None, jobs=None,
+            keep_runs=False, environ={}, settings=Settings(), parallel=0,
+        )  # fmt: skip
