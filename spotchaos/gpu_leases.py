@@ -166,9 +166,14 @@ class GpuPool:
         parts = []
         for device in self.devices:
             try:
-                holder = json.loads((folder / f"{device}.lock").read_text() or "{}")
+                fd = os.open(folder / f"{device}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    holder = json.loads(os.read(fd, 4096) or b"{}")
+                finally:
+                    os.close(fd)
             except (OSError, ValueError):
                 holder = {}
+            holder = holder if isinstance(holder, dict) else {}
             who = f"pid {holder.get('pid')} (job {holder.get('job')!r}, attempt {holder.get('attempt')})"
             parts.append(f"GPU {device} held by {who}" if holder else f"GPU {device} free")
         return "; ".join(parts)

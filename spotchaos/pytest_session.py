@@ -347,9 +347,9 @@ class _Collector:
                 mark = pytest.mark.skip(reason=f"spotchaos: {why}") if named else pytest.mark.spotchaos_unfit
                 metafunc.parametrize(fixture, [pytest.param(None, marks=mark, id=f"no-{kind[:-1]}")])
                 continue
+            needs = (marks.get("needs") or ()) if kind == "jobs" else ()  # a service needs nothing yet
             params = []
             for each in chosen:
-                needs = marks.get("needs") or () if kind == "jobs" else ()
                 try:
                     reason = unmet(each, needs, metafunc.definition.nodeid)
                 except ConfigError as exc:

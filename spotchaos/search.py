@@ -4,6 +4,7 @@ smallest plan that still fails. It knows how to call a check, not what the check
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -174,16 +175,19 @@ def _run_ahead(
     plans = list({str(p): p for p in (*leading, *drawn)}.values())
     spans: list[tuple[float, float]] = []
     done: dict[str, tuple[RunRecord, Verdict] | BaseException] = {}
+    stop = threading.Event()  # an error that is no verdict: the plans not started yet never start
     started = time.monotonic()
 
     def run(plan: Plan) -> None:
-        if any(isinstance(r, SpotchaosError) and not isinstance(r, ScenarioFailure) for r in done.values()):
+        if stop.is_set():
             return
         begun = time.monotonic()
         try:
             done[str(plan)] = core.run(job, plan)
         except BaseException as exc:  # raised again where the search reaches the plan
             done[str(plan)] = exc
+            if not isinstance(exc, ScenarioFailure):
+                stop.set()
         spans.append((begun, time.monotonic()))
 
     with ThreadPoolExecutor(max_workers=settings.parallel, thread_name_prefix="spotchaos-plan") as pool:
