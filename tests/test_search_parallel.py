@@ -34,12 +34,12 @@ def search(runner, job: JobSpec, parallel: int, examples: int) -> tuple[Scenario
 
 def test_plans_run_two_at_a_time_and_the_search_decides_as_it_would_one_at_a_time(runner):
     job = trainer("reference_trainer")
-    serial, _ = search(runner, job, parallel=1, examples=3)
-    parallel, _ = search(runner, job, parallel=2, examples=3)
+    serial, _ = search(runner, job, parallel=1, examples=2)
+    parallel, _ = search(runner, job, parallel=2, examples=2)
     assert [(r["plan"], r["passed"]) for r in parallel.runs] == [(r["plan"], r["passed"]) for r in serial.runs]
-    assert len(serial.runs) == 3 and serial.passed and parallel.passed
+    assert len(serial.runs) == 2 and serial.passed and parallel.passed
     figures = parallel.figures["parallel"]
-    assert figures["workers"] == 2 and figures["plans_run_ahead"] == 3 and figures["max_concurrent"] == 2
+    assert figures["workers"] == 2 and figures["plans_run_ahead"] == 2 and figures["max_concurrent"] == 2
     assert "parallel" not in serial.figures
 
 
