@@ -40,10 +40,10 @@ def no_process_left(runner) -> list[int]:
     return left
 
 
-def test_single_and_chained_preemptions_resume_bit_exact(runner):
-    job = ddp_job()
-    assert runner.check(job, "sigterm@8").passed
-    verdict = runner.check(job, "sigterm@5,sigkill@14")
+def test_chained_preemptions_resume_bit_exact_and_leave_no_rank_running(runner):
+    """(One notice alone, the lost node and a truncated shard: scenarios/test_distributed.py and
+    scenarios/test_lost_node.py run those plans on the same jobs.)"""
+    verdict = runner.check(ddp_job(), "sigterm@5,sigkill@14")
     assert verdict.passed and verdict.grace and verdict.grace[0].ok, verdict.message()
     assert not no_process_left(runner)
 
@@ -64,16 +64,6 @@ def test_a_hung_rank_is_named_within_the_timeout_and_the_restart_resumes(runner)
     fault = run.attempts[0].fault
     assert fault.hang_detected_seconds is not None and fault.hang_detected_seconds < 3 + 2, fault
     assert "rank 1 (pid" in fault.detail and "is stopped (SIGSTOP)" in fault.detail, fault.detail
-
-
-def test_a_lost_node_resumes_bit_exact(runner):
-    verdict = runner.check(ddp_job(name="ddp-2nodes"), "lose-node1@9")
-    assert verdict.passed, verdict.message()
-
-
-def test_a_damaged_shard_rolls_back(runner):
-    verdict = runner.check(ddp_job(), "sigkill@13:truncate-half~0.6")
-    assert verdict.passed and verdict.damage and verdict.damage[0].ok, verdict.message()
 
 
 def test_a_checkpoint_published_before_every_rank_wrote_its_files_is_found_and_named(runner):
