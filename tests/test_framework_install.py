@@ -1,7 +1,9 @@
 """What a new user of a framework does: a fresh venv with ``pip install spotchaos
 "transformers[torch]"`` (the Trainer needs accelerate), a training script with its one integration
-line, a job table of three keys, and ``pytest --spotchaos`` runs every built-in scenario on it, from
-the installed package, with no file of this repository copied beside it."""
+line, a job table of three keys, and ``pytest --spotchaos`` collects every built-in scenario for it
+from the installed package, with no file of this repository copied beside it, and runs the preemption
+family (the other five run on the same script in the main job's second command and in
+tests/test_frameworks.py: CI's time goes to what only this test can show)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,8 @@ BUILTIN = {  # every scenario that ships in spotchaos/scenarios, on the one decl
 }
 
 
-def test_a_trainer_job_in_a_fresh_venv_gets_every_built_in_scenario(tmp_path):
+def test_a_trainer_job_in_a_fresh_venv_collects_every_built_in_scenario_and_passes_its_preemptions(tmp_path):
+    """Collected: all eight; run and passed: the three of test_preemption.py."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY", "CI")}
     python = fresh_venv(tmp_path / "venv", "torch==2.13.0", str(ROOT), "transformers[torch]==5.24.0", env=env)
 
@@ -37,8 +40,13 @@ def test_a_trainer_job_in_a_fresh_venv_gets_every_built_in_scenario(tmp_path):
     project.mkdir()
     (project / "train.py").write_text((FIXTURES / "frameworks" / "hf_trainer.py").read_text())  # the user's script
     (project / "pyproject.toml").write_text(JOB_TABLE)
+    pytest = [python, "-m", "pytest", "--spotchaos", "--spotchaos-examples", "1", "-p", "no:cacheprovider"]
+    listed = subprocess.run([*pytest, "--collect-only", "-q"], cwd=project, capture_output=True, text=True, env=env)
+    collected = {line.split("/")[-1] for line in listed.stdout.splitlines() if "::" in line}
+    assert collected == BUILTIN, listed.stdout[-4000:] + listed.stderr[-2000:]
+    preemption = {name for name in BUILTIN if name.startswith("test_preemption.py")}
     run = subprocess.run(
-        [python, "-m", "pytest", "--spotchaos", "--spotchaos-examples", "1", "-p", "no:cacheprovider", "-rA"],
+        [*pytest, "-rA", "-k", "test_preemption"],
         cwd=project,
         capture_output=True,
         text=True,
@@ -48,8 +56,8 @@ def test_a_trainer_job_in_a_fresh_venv_gets_every_built_in_scenario(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     passed = {line.split()[1].split("/")[-1] for line in run.stdout.splitlines() if line.startswith("PASSED ")}
-    assert passed == BUILTIN, run.stdout[-4000:]
+    assert passed == preemption, run.stdout[-4000:]
     report = json.loads((project / "spotchaos-report" / "report.json").read_text())
     verdicts = {s["scenario"].split("/")[-1]: s["passed"] for s in report["scenarios"]}
-    assert set(verdicts) == BUILTIN and all(verdicts.values()), verdicts
+    assert set(verdicts) == preemption and all(verdicts.values()), verdicts
     assert not [p.name for p in project.iterdir() if p.suffix == ".py" and p.name != "train.py"]  # nothing copied
