@@ -27,6 +27,7 @@ from .redact import secret_values
 
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")
+BACKENDS = ("subprocess", "ray")
 LAUNCHERS = ("python", "torchrun")
 FRAMEWORKS = ("transformers", "lightning", "accelerate")
 
@@ -96,6 +97,10 @@ class JobSpec:
     # hold that legitimately differs between runs, what its resumes are known to get wrong
     # (spotchaos/frameworks.py). None: learned from the integration's start event, if any.
     framework: str | None = None
+    # "ray": each attempt on a worker node of a Ray cluster (spotchaos/backends/raycluster), with
+    # these resources (num_cpus, num_gpus, custom ones); "subprocess": a local process group
+    backend: str = "subprocess"
+    ray_resources: tuple[tuple[str, float], ...] = ()
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -135,6 +140,13 @@ class JobSpec:
             raise ConfigError(
                 f"{self.where('resume_if_exists')}: must be a glob under the checkpoint directory, "
                 f"got {self.resume_if_exists!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"{self.where('backend')}: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "ray" and self.container is not None:
+            raise ConfigError(
+                f"{self.where('backend')}: a Ray job runs in its nodes' own environment; drop image/container "
+                "(the nodes' image is the cluster's)"
             )
         if self.exactness not in EXACTNESS:
             raise ConfigError(f"{self.where('exactness')}: must be 'bit' or 'envelope', got {self.exactness!r}")
@@ -234,6 +246,16 @@ class JobSpec:
             argv[0] = sys.executable
         return argv
 
+    def ray_needs(self) -> dict[str, float]:
+        """What one attempt asks of a Ray node: a CPU unless told, the job's GPUs, its custom resources."""
+        declared = dict(self.ray_resources)
+        needs = {"CPU": declared.pop("num_cpus", 1.0), "GPU": declared.pop("num_gpus", float(self.gpus or 0))}
+        return {**needs, **declared}
+
+    def on_backend(self, backend: str) -> JobSpec:
+        """This job on ``backend`` (--spotchaos-backend); a container job keeps its container."""
+        return self if self.container is not None or backend == self.backend else replace(self, backend=backend)
+
     def in_image(self, image: str) -> JobSpec:
         """This job in a container of ``image`` (``--spotchaos-image``), keeping its own options."""
         base = self.container or ContainerSpec(image=image, where=self.where("container"))
@@ -287,6 +309,7 @@ class Settings:
     jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
     services: tuple[Any, ...] = field(default_factory=tuple)  # ServiceSpec (spotchaos.serving.spec)
     gpus: tuple[str, ...] | None = None  # the machine's GPUs to lease (None: what nvidia-smi lists)
+    ray: Any = None  # RaySettings: the Ray cluster of jobs with backend = "ray"
 
     def service(self, name: str) -> Any:
         """The service declared as ``name``, or a ConfigError listing the declared ones."""
@@ -315,6 +338,8 @@ _RENAMED = {
 }
 _JOB_KEYS = {
     "command",
+    "backend",
+    "ray_resources",
     "resume_command",
     "env",
     "cwd",
@@ -370,7 +395,7 @@ def _cost(table: Any, where: str) -> CostInputs:
     return CostInputs(**table)
 
 
-_TOP_KEYS = {"output", "builtin", "jobs", "services", "gpus"}
+_TOP_KEYS = {"output", "builtin", "jobs", "services", "gpus", "ray"}
 
 
 def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpec:
@@ -444,6 +469,10 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
                 f"{where('state_diff_ignore')}: must be a list of patterns such as 'trainer.pt:timestamp'"
             )
         kwargs["state_diff_ignore"] = tuple(ignore)
+    if "backend" in table:
+        kwargs["backend"] = table["backend"]
+    if "ray_resources" in table:
+        kwargs["ray_resources"] = _ray_resources(table["ray_resources"], where("ray_resources"))
     resume = table.get("resume_command")
     return JobSpec(
         name=name,
@@ -453,6 +482,51 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         cwd=cwd,
         source=source,
         **kwargs,
+    )
+
+
+def _ray_resources(table: Any, where: str) -> tuple[tuple[str, float], ...]:
+    if not isinstance(table, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+        for k, v in table.items()
+    ):
+        raise ConfigError(f"{where}: must be a table of amounts, such as {{num_cpus = 1, num_gpus = 1, spot = 1}}")
+    return tuple(sorted((k, float(v)) for k, v in table.items()))
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """``[tool.spotchaos.ray]``: the user's cluster (``address``) or the local one the gate starts."""
+
+    address: str | None = None
+    workers: int = 2
+    cpus_per_worker: float = 1
+    gpus_per_worker: float = 0  # declared as resources: Ray hands them out, nvidia-smi need not agree
+    resources_per_worker: tuple[tuple[str, float], ...] = ()
+
+
+def _ray_settings(table: Any, where: str) -> RaySettings:
+    known = {"address", "workers", "cpus_per_worker", "gpus_per_worker", "resources_per_worker"}
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: must be a table (address, workers, cpus_per_worker, ...)")
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    address = table.get("address")
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ConfigError(f"{where}.address: must be a Ray address such as '127.0.0.1:6379'")
+    workers = table.get("workers", 2)
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 16:
+        raise ConfigError(f"{where}.workers: must be a whole number of worker nodes from 1 to 16, got {workers!r}")
+    for key in ("cpus_per_worker", "gpus_per_worker"):
+        _check_number(table.get(key, 0), f"{where}.{key}", "an amount", -1e-12, 1024)
+    resources = _ray_resources(table.get("resources_per_worker", {}), f"{where}.resources_per_worker")
+    return RaySettings(
+        address=address,
+        workers=workers,
+        cpus_per_worker=table.get("cpus_per_worker", 1),
+        gpus_per_worker=table.get("gpus_per_worker", 0),
+        resources_per_worker=resources,
     )
 
 
@@ -494,4 +568,5 @@ def load_settings(pyproject: Path) -> Settings:
         from .gpu_leases import parse_devices
 
         gpus = parse_devices(table["gpus"], f"{pyproject} [tool.spotchaos].gpus")
-    return Settings(output=output, builtin=builtin, jobs=jobs, services=services, gpus=gpus)
+    ray = _ray_settings(table["ray"], f"{pyproject} [tool.spotchaos.ray]") if "ray" in table else RaySettings()
+    return Settings(output=output, builtin=builtin, jobs=jobs, services=services, gpus=gpus, ray=ray)

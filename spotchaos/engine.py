@@ -444,7 +444,8 @@ def _run_attempt(
         metadata = channel(fault.metadata)  # type: ignore[union-attr]
         env.update(metadata.environment())
     env.update(dict(options.extra_env))
-    lease = _lease_gpus(job, index, run_id, options)  # before the clock starts: a wait is no start-up time
+    # before the clock starts: a wait is no start-up time. A Ray node's GPUs are Ray's to hand out
+    lease = _lease_gpus(job, index, run_id, options) if backend.name != "ray" else None
     if lease is not None and job.container is None:  # a container sees its devices only, numbered from 0
         env["CUDA_VISIBLE_DEVICES"] = ",".join(lease.devices)
     # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
@@ -561,6 +562,7 @@ def _run_attempt(
         # torchrun's agent ends with a banner of its own: the ranks' exceptions are further up
         stderr_tail=_tail(spec.stderr_path, TAIL_BYTES * (4 if job.launcher == "torchrun" else 1)),
         gpus=lease.describe() if lease is not None else None,
+        placement=getattr(handle, "placement", None),
     )
     if job.launcher == "torchrun" and watch.fault is not None:
         attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)

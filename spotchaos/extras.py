@@ -4,7 +4,7 @@
 JSON and Markdown reports). The rest is opt-in: ``spotchaos[s3]`` (moto's server and boto3),
 ``spotchaos[docker]`` (the docker SDK), ``spotchaos[html]`` (Jinja2 and matplotlib for
 report.html), ``spotchaos[bench]`` (pytest-benchmark), ``spotchaos[serve]`` (httpx, uvicorn,
-Starlette), ``spotchaos[fixtures]`` (torch, numpy and
+Starlette), ``spotchaos[ray]`` (Ray, for the Ray backend), ``spotchaos[fixtures]`` (torch, numpy and
 crc32c for the bundled trainers), ``spotchaos[all]``.
 """
 

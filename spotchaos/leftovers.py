@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .processes import end, end_marked, group_members, is_running, start_time
+from .processes import describe, end, end_marked, group_members, holding, is_running, start_time
 
 LIVE_DIR_VARIABLE = "SPOTCHAOS_LIVE_DIR"  # where the entries live (tests point it elsewhere)
 MARKER_VARIABLE = "SPOTCHAOS_RUN_ID"
@@ -94,6 +94,9 @@ def _end_entry(entry: dict[str, Any], owner: str) -> list[str]:
         ended += _remove_container(container, owner)
     scratch = entry.get("scratch")
     if isinstance(scratch, str) and _is_scratch(Path(scratch)):
+        for pid in holding(Path(scratch)):  # still at work in it: a daemon without the marker
+            ended.append(f"{describe(pid)}, holding {scratch} open, left by {owner}")
+            end([pid])
         shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links inside are removed, never followed
         ended.append(f"temporary folder {scratch}, left by {owner}")
     return ended

@@ -10,7 +10,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .config import Settings
+from .config import BACKENDS, Settings
 from .errors import ConfigError
 from .plan import Plan
 from .profiles import PROFILES
@@ -30,6 +30,8 @@ class RunOptions:
     require_gpu: bool = False  # a job asks for GPUs and there are none: fail instead of skipping
     verbose: bool = False  # pytest -v: a timing-dependent failure also shows hypothesis's own account
     parallel: int | None = None  # plans of one scenario run at once (None: the job's GPU leases decide)
+    backend: str | None = None  # run every job on this backend (subprocess, ray; None: as each job says)
+    ray_address: str | None = None  # the user's Ray cluster instead of a local one
 
 
 def resolve(
@@ -49,6 +51,8 @@ def resolve(
     require_gpu: bool = False,
     verbose: bool = False,
     parallel: int | None = None,
+    backend: str | None = None,
+    ray_address: str | None = None,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     if seed is None:
@@ -74,6 +78,11 @@ def resolve(
         raise ConfigError(f"--spotchaos-examples: must be >= 1, got {examples}")
     if parallel is not None and not 1 <= parallel <= 256:
         raise ConfigError(f"--spotchaos-parallel: must be from 1 to 256 plans at once, got {parallel}")
+
+    if backend is not None and backend not in BACKENDS:
+        raise ConfigError(f"--spotchaos-backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if ray_address is not None and (not ray_address.strip() or any(c.isspace() for c in ray_address)):
+        raise ConfigError(f"--spotchaos-ray-address: expected an address such as 127.0.0.1:6379, got {ray_address!r}")
 
     known = {job.name for job in settings.jobs} | {service.name for service in settings.services}
     for name in jobs or ():
@@ -102,6 +111,8 @@ def resolve(
         require_gpu=require_gpu,
         verbose=verbose,
         parallel=parallel,
+        backend=backend,
+        ray_address=ray_address,
     )
 
 

@@ -56,6 +56,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run every job in a container of this local image (Docker backend; default: as each job says)",
     )
     group.addoption(
+        "--spotchaos-backend",
+        metavar="NAME",
+        help="run every job on this backend: subprocess, or ray (each attempt on a Ray worker node; "
+        "default: as each job says)",
+    )
+    group.addoption(
+        "--spotchaos-ray-address",
+        metavar="ADDRESS",
+        help="the Ray cluster of ray jobs (default: [tool.spotchaos.ray] address, else a local cluster "
+        "the gate starts and ends)",
+    )
+    group.addoption(
         "--spotchaos-require-docker",
         action="store_true",
         help="fail container scenarios when no Docker daemon answers (default: skip them; always fail in CI)",

@@ -99,6 +99,26 @@ def carrying(marker: str) -> list[int]:
     return found
 
 
+def holding(folder: Path) -> list[int]:
+    """Live processes (not this one) with a file under ``folder`` open: what a dead session's
+    scratch folder still has running in it (a daemon that dropped the run's marker, say). Links are
+    only read, never followed."""
+    if not PROC.is_dir():
+        return []
+    prefix = str(folder).rstrip("/") + "/"
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            targets = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:
+            continue
+        if any(target.startswith(prefix) for target in targets) and start_time(int(entry.name)) is not None:
+            found.append(int(entry.name))
+    return found
+
+
 def describe(pid: int) -> str:
     """``pid 123 (python train.py ...)``, for messages."""
     try:

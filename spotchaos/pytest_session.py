@@ -129,6 +129,8 @@ def start(config: pytest.Config) -> None:
             keep_runs=config.getoption("spotchaos_keep_runs"),
             parallel=config.getoption("spotchaos_parallel"),
             image=config.getoption("spotchaos_image"),
+            backend=config.getoption("spotchaos_backend"),
+            ray_address=config.getoption("spotchaos_ray_address"),
             require_docker=config.getoption("spotchaos_require_docker"),
             require_gpu=config.getoption("spotchaos_require_gpu"),
             verbose=config.option.verbose > 0,
@@ -154,6 +156,7 @@ def start(config: pytest.Config) -> None:
             f"(--spotchaos-output or [tool.spotchaos] output): {exc.strerror or exc}"
         ) from None
     runner = ChaosRunner(config.rootpath, workdir=runs, keep_passing=options.keep_runs)
+    runner.ray_address = options.ray_address
     state = _State(settings, options, runner, now_iso())
     if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running
         state.reaped = LiveJobs().reap()
@@ -221,7 +224,8 @@ def _selected(state: _State) -> list[JobSpec]:
     o = state.options
     jobs = [j for j in state.settings.jobs if not o.jobs or j.name in o.jobs]
     # torchrun jobs stay local processes: a container's torchrun is not built (docs/distributed.md)
-    return [j.in_image(o.image) if o.image and j.launcher != "torchrun" else j for j in jobs]
+    jobs = [j.in_image(o.image) if o.image and j.launcher != "torchrun" else j for j in jobs]
+    return [j.on_backend(o.backend) for j in jobs] if o.backend else jobs
 
 
 def _selected_services(state: _State) -> list[Any]:
@@ -246,6 +250,8 @@ def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
         parts.append(f"--spotchaos-plan='{plan}'")
     if state.options.image:
         parts.append(f"--spotchaos-image='{state.options.image}'")
+    if state.options.backend:
+        parts.append(f"--spotchaos-backend={state.options.backend}")
     parts.append(f"'{item.nodeid}'")
     return " ".join(parts)
 

@@ -54,6 +54,8 @@ def note_run(record: ScenarioRecord | None, plan: Plan, run: RunRecord, verdict:
     }
     if any(a.gpus for a in run.attempts):  # where each attempt ran: the devices it leased, and when
         summary["gpus"] = [a.gpus for a in run.attempts]
+    if any(a.placement for a in run.attempts):  # the cluster node each attempt ran on
+        summary["nodes"] = [a.placement for a in run.attempts]
     record.runs.append(summary)
     if record.reference is None:
         record.reference = {

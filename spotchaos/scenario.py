@@ -160,7 +160,10 @@ class Scenario:
             self.runner.explore(job, plans, settings=settings, record=record, first=first)
 
     def _gpu_parallel(self, job: JobSpec) -> int:
-        """A job with gpus: as many plans at once as the machine's GPUs lease (1 without any)."""
+        """A job with gpus: as many plans at once as the machine's GPUs lease (1 without any); a Ray
+        job: as many as the cluster has worker nodes (a torchrun job on Ray takes nnodes of them)."""
+        if job.backend == "ray":
+            return max(1, len(self.runner.ray_cluster().nodes) // max(1, job.nnodes))
         request = job.gpu_request
         if not isinstance(request, int) or isinstance(request, bool):
             return 1

@@ -69,6 +69,8 @@ class SessionCore:
         self._resources = contextlib.ExitStack()  # what close() stops: containers, the S3 server and its proxy
         self.secrets: list[str] = []  # every S3 secret handed to a job: redacted and searched for in the output
         self._gpus: GpuPool | None = None  # the machine's GPUs, found with the first job that needs one
+        self._ray: Any = None  # the Ray cluster (RayCluster), started or joined with the first Ray job
+        self.ray_address: str | None = None  # --spotchaos-ray-address: the user's cluster, not a local one
 
     def __enter__(self):
         return self
@@ -149,9 +151,36 @@ class SessionCore:
                 self._gpus = GpuPool(load_settings(self.root / "pyproject.toml").gpus)
             return self._gpus
 
-    def backend(self, job: JobSpec) -> DockerBackend | None:
-        """The job's backend: its own container image, else None (a local process group)."""
+    def backend(self, job: JobSpec) -> Any:
+        """The job's backend: its own container image, a Ray cluster, else None (a local process group)."""
+        if job.backend == "ray":
+            from .backends.raycluster import RayBackend
+
+            return RayBackend(self.ray_cluster(), job.ray_needs(), float(job.grace_seconds or 30.0))
         return None if job.container is None else self.docker_backend(job.container)
+
+    def use_ray_cluster(self, cluster: Any) -> None:
+        """Run this session's Ray jobs on ``cluster`` (an open RayCluster whose life the caller owns)."""
+        with self._lock:
+            self._ray = cluster
+
+    def ray_cluster(self) -> Any:
+        """The session's Ray cluster, opened on first use: the user's (``--spotchaos-ray-address``,
+        ``[tool.spotchaos.ray] address``) or a local one of a head and worker nodes, ended with the session."""
+        with self._lock:
+            if self._ray is None:
+                from .backends.raycluster import LocalRayCluster, RemoteRayCluster
+                from .config import RaySettings
+
+                ray = load_settings(self.root / "pyproject.toml").ray or RaySettings()
+                address = self.ray_address or ray.address
+                if address:
+                    cluster = RemoteRayCluster(address)
+                else:
+                    resources = dict(ray.resources_per_worker)
+                    cluster = LocalRayCluster(ray.workers, ray.cpus_per_worker, ray.gpus_per_worker, resources)
+                self._ray = self._resources.enter_context(cluster)
+            return self._ray
 
     def docker_backend(self, container: ContainerSpec) -> DockerBackend:
         """A backend for ``container`` on the session's Docker connection (opened on first use)."""

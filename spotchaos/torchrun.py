@@ -206,6 +206,12 @@ class TorchrunHandle:
 
     # --- Handle -----------------------------------------------------------------------------------
     @property
+    def placement(self) -> dict | None:
+        """Where each torchrun node ran, on a cluster backend (the Ray node of each agent)."""
+        placed = [getattr(node.handle, "placement", None) for node in self.nodes]
+        return {"torchrun_nodes": placed} if any(placed) else None
+
+    @property
     def pid(self) -> int:
         return self.nodes[0].handle.pid
 
@@ -247,8 +253,8 @@ class TorchrunHandle:
                 os.kill(pid, signal.SIGCONT)
         while True:
             end(carrying(self.marker))
-            for node in self.nodes:
-                node.handle.kill()
+            for node in self.nodes:  # the job's processes, not the machine: a Ray node stays in the cluster
+                getattr(node.handle, "end_processes", node.handle.kill)()
             if not carrying(self.marker) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
@@ -269,8 +275,10 @@ def _state(pid: int) -> str:
 
 def start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> TorchrunHandle:
     """Start every agent of one attempt of ``job``."""
-    if backend.name != "subprocess":
-        raise JobError(f"{job.where('launcher')}: torchrun jobs run on the subprocess backend, not {backend.name}")
+    if backend.name not in ("subprocess", "ray"):
+        raise JobError(
+            f"{job.where('launcher')}: torchrun jobs run on the subprocess or ray backend, not {backend.name}"
+        )
     return TorchrunHandle(backend, job, spec, run_id)
 
 

@@ -29,6 +29,18 @@ def _cell(value: Any) -> str:
     return " ".join(markdown_text(text).split())  # newlines would end the table row
 
 
+def _nodes(nodes: list) -> str:
+    """One run's attempts on a cluster: each one's node and what the fault did to it, in order."""
+    shown = []
+    for placement in nodes:
+        placement = placement or {}
+        inner = placement.get("torchrun_nodes")
+        names = "+".join(str((p or {}).get("node")) for p in inner) if inner else str(placement.get("node"))
+        fault = placement.get("fault")
+        shown.append(f"{names} ({fault})" if fault else names)
+    return " -> ".join(shown)
+
+
 def _name(value: Any) -> str:
     """The user's own names (pytest node ids, job names, plans): pipes escaped, on one line, and
     otherwise as written, so ``test_x.py::test[job]`` reads as itself in the raw file too."""
@@ -82,6 +94,12 @@ def render_markdown(document: dict[str, Any]) -> str:
         lines += ["", "## Warnings", ""]
         lines += [
             f"- {_name(s.get('scenario'))}: left the job's process group and was ended: {_cell(p)}" for s, p in escaped
+        ]
+    placed = [(s, r) for s in scenarios for r in s.get("runs", []) if r.get("nodes")]
+    if placed:
+        lines += ["", "## Where attempts ran", ""]
+        lines += [
+            f"- {_name(s.get('scenario'))}, `{_code(r.get('plan'))}`: {_cell(_nodes(r['nodes']))}" for s, r in placed
         ]
     failed = [s for s in scenarios if not s.get("passed")]
     if failed:

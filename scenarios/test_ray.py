@@ -1,0 +1,23 @@
+"""The built-in preemption and checkpoint-damage scenarios on the Ray backend: the reference trainer
+as ``reference-ray``, each attempt on a worker node of a local Ray cluster (a head and two worker
+nodes, ``[tool.spotchaos.ray]``). A notice is the node drained for preemption with the grace window
+as its deadline, then SIGTERM to the job there; a kill is the node removed; the next attempt runs on
+another node. The plans run two at a time, one per worker node. CI runs a subset
+(tests/test_backend_ray.py), so these are the main job's (``full``).
+
+On a job of your own: ``pytest --spotchaos --spotchaos-backend=ray --spotchaos-job NAME``.
+"""
+
+import pytest
+
+from spotchaos.scenarios.test_checkpoint_damage import (  # noqa: F401
+    test_crash_inside_a_checkpoint_save_leaves_a_loadable_checkpoint,
+    test_damaged_newest_checkpoint_rolls_back,
+)
+from spotchaos.scenarios.test_preemption import (  # noqa: F401
+    test_chained_preemptions_are_bit_exact,
+    test_hard_kill_then_resume_is_bit_exact,
+    test_notice_then_resume_is_bit_exact,
+)
+
+pytestmark = [pytest.mark.spotchaos(jobs=["reference-ray"]), pytest.mark.full]

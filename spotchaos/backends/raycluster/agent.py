@@ -1,0 +1,133 @@
+"""What runs on a Ray node for one attempt: an actor that starts the job there and acts on it.
+
+The job is a plain process group started by this actor with ``subprocess.Popen``, in a session of
+its own, so a notice can reach the main process or every process of the job, as on the subprocess
+backend; ``PR_SET_PDEATHSIG`` ties it to the actor's worker, so a node whose processes are ended
+takes its job with it, as a reclaimed VM does. The actor runs several calls at once
+(``max_concurrency``): a notice is not queued behind a ``wait``.
+
+Only the standard library here: this module is imported on every node of the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the job's process before exec: SIGKILL it when the actor's worker dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes (zombies excluded) of process group ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _create_new(path: str):
+    """The log file, created here and nowhere else: never an existing file, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+class JobAgent:
+    """One attempt's job on this node."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
+        self._logs: list = []
+
+    def start(self, argv: list[str], env: dict[str, str], cwd: str, stdout_path: str, stderr_path: str) -> dict:
+        """Start the job; who it is (pid, start time) and where (node, worker pid)."""
+        import ray  # on the node, inside the actor: the node's own Ray
+
+        self._logs = [_create_new(stdout_path), _create_new(stderr_path)]
+        gpu_ids = ray.get_gpu_ids()
+        if gpu_ids:  # the GPUs Ray assigned this actor: the job sees those and no other
+            env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_ids)}
+        try:
+            self._process = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=self._logs[0],
+                stderr=self._logs[1],
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            for log in self._logs:
+                log.close()
+            return {"error": f"could not start {argv[0]!r}: {exc.strerror or exc}"}
+        pid = self._process.pid
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            started = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        context = ray.get_runtime_context()
+        return {
+            "pid": pid,
+            "start": started,
+            "node_id": context.get_node_id(),
+            "worker_pid": os.getpid(),
+            "gpus": [str(g) for g in gpu_ids],
+        }
+
+    def notify(self, signum: int, whole_group: bool) -> None:
+        if self._process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            if whole_group:
+                os.killpg(self._process.pid, signum)
+            else:
+                self._process.send_signal(signum)
+
+    def kill(self) -> None:
+        if self._process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        return None if self._process is None else self._process.poll()
+
+    def wait(self, timeout: float) -> int | None:
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout=max(timeout, 0))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def survivors(self) -> list[int]:
+        return [] if self._process is None else _group_members(self._process.pid)
+
+    def cleanup(self) -> list[int]:
+        """Kill and reap the whole group; what survived 10 s of SIGKILL (empty when all went)."""
+        if self._process is not None:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                self.kill()
+                self.wait(0.2)
+                if self._process.poll() is not None and not self.survivors():
+                    break
+        for log in self._logs:
+            log.close()
+        return self.survivors()

@@ -1,0 +1,452 @@
+"""The Ray cluster the gate runs on: a local one it starts and owns, or the user's at an address.
+
+A local cluster (``ray.cluster_utils.Cluster``: a head of no CPU and ``workers`` worker nodes) is a
+context manager that owns its life, testcontainers' way: closing it shuts the cluster down, ends
+every process that was part of it (a removed node's workers outlive their raylet), and removes
+its temporary folder. Its daemons are children of this process in this process's group, so the
+harness never takes them for what a job left behind.
+
+Two things Ray 2.60.0 does that the loopback-only rule cannot allow, and what is done about them
+(docs/ray.md): it announces the machine's routable address unless
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (read when ray is imported: set before), and its head
+probes the cloud metadata service (169.254.169.254, metadata.google.internal) even with usage
+stats off, so the cluster's processes start with ``http(s)_proxy`` on a closed loopback port.
+
+Faults act on nodes the way a spot reclaim reaches them: :meth:`drain` is the GCS drain request an
+autoscaler sends (reason preemption, a deadline), :meth:`remove` is the VM gone (every process of
+the node SIGKILLed), after which a replacement node joins, off the attempt's clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...errors import BackendError
+from ...leftovers import MARKER_VARIABLE, LiveJobs
+from ...ports import free_port
+from ...processes import carrying, children, describe, end, holding, start_time
+
+# every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
+# closed port on 127.0.0.1 and fails)
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "http_proxy": "http://127.0.0.1:9",
+    "https_proxy": "http://127.0.0.1:9",
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "no_proxy": "127.0.0.1,localhost",
+    "NO_PROXY": "127.0.0.1,localhost",
+}
+
+
+def import_ray() -> Any:
+    """``import ray`` with the loopback switch set first (Ray reads it at import)."""
+    from ...extras import require
+
+    if "ray" in sys.modules:
+        return sys.modules["ray"]
+    saved = os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the driver's own address: 127.0.0.1, never guessed
+    try:
+        return require("ray", "ray", "the Ray backend")
+    finally:  # read at import: the jobs' environment stays as it was
+        if saved is None:
+            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        else:
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every live process below it."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children(current))
+    return found
+
+
+def _sigkill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class RayNode:
+    """One worker node: its Ray id, a name for messages and the report, and Ray's handle on it."""
+
+    node_id: str
+    name: str
+    resources: dict[str, float]
+    handle: Any = None  # ray._private.node.Node on a local cluster; None on the user's
+    drained: bool = False
+    busy: int = 0
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, start) of its daemons
+
+    def describe(self) -> dict[str, Any]:
+        return {"node": self.name, "node_id": self.node_id, "resources": self.resources}
+
+
+class RayCluster:
+    """What the backend needs of a cluster: its worker nodes, placement, drain and removal."""
+
+    def __init__(self) -> None:
+        self.ray: Any = None
+        self.nodes: dict[str, RayNode] = {}
+        self._changed = threading.Condition()
+        self.local = False
+
+    # -- placement -------------------------------------------------------------------------
+    def take_node(self, needs: dict[str, float], avoid: str | None, timeout: float) -> RayNode:
+        """A worker node with ``needs`` that runs nothing of ours and is not drained, preferring one
+        other than ``avoid`` (the node the job's previous attempt ran on); waits for one, since a
+        replacement may still be joining."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                fitting = [n for n in self.nodes.values() if not n.drained and self._fits(n, needs)]
+                if not fitting and not self._could_fit(needs):
+                    offered = "; ".join(f"{n.name}: {n.resources}" for n in self.nodes.values()) or "no worker node"
+                    raise BackendError(f"no Ray worker node offers {needs} ({offered})")
+                free = [n for n in fitting if n.busy == 0]
+                free.sort(key=lambda n: n.node_id == avoid)
+                if free:
+                    free[0].busy += 1
+                    return free[0]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BackendError(f"no free Ray worker node with {needs} within {timeout:g} s")
+                self._changed.wait(min(left, 1.0))
+
+    def release_node(self, node: RayNode) -> None:
+        with self._changed:
+            node.busy = max(0, node.busy - 1)
+            self._changed.notify_all()
+
+    @staticmethod
+    def _fits(node: RayNode, needs: dict[str, float]) -> bool:
+        return all(node.resources.get(key, 0) >= amount for key, amount in needs.items() if amount)
+
+    def _could_fit(self, needs: dict[str, float]) -> bool:
+        return any(self._fits(n, needs) for n in self.nodes.values()) or self._joining()
+
+    def _joining(self) -> bool:
+        return False
+
+    # -- faults ----------------------------------------------------------------------------
+    def drain(self, node: RayNode, grace_seconds: float) -> str:
+        """Ask the GCS to drain ``node`` for preemption with a deadline of the grace window, as an
+        autoscaler does when the cloud reclaims the VM; what Ray answered, for the fault record."""
+        from ray.core.generated import autoscaler_pb2
+
+        client = self.ray._raylet.GcsClient(address=self.gcs_address)
+        deadline_ms = time.time_ns() // 1_000_000 + int(grace_seconds * 1000)
+        accepted, rejection = client.drain_node(
+            node.node_id,
+            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            "spotchaos: spot reclaim",
+            deadline_ms,
+        )
+        with self._changed:
+            node.drained = True
+        return "drain accepted" if accepted else f"drain refused: {rejection}"
+
+    def remove(self, node: RayNode) -> str:
+        raise NotImplementedError
+
+    @property
+    def gcs_address(self) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"local": self.local, "address": self.gcs_address, "nodes": [n.describe() for n in self.nodes.values()]}
+
+
+class LocalRayCluster(RayCluster):
+    """A head and ``workers`` worker nodes on this machine, each a ``ray start --block`` process of
+    this one (its environment given whole: loopback only), started, replaced and ended here."""
+
+    def __init__(self, workers: int = 2, cpus: float = 1, gpus: float = 0, resources: dict | None = None) -> None:
+        super().__init__()
+        self.local = True
+        self.workers = workers
+        self.cpus, self.gpus, self.resources = cpus, gpus, dict(resources or {})
+        self._temp_dir: str | None = None
+        self._port = 0
+        self._head: subprocess.Popen | None = None
+        self._starters: dict[str, subprocess.Popen] = {}  # node name -> its `ray start --block`
+        self._serial = 0
+        self.replaced = 0
+        self.replace_errors: list[str] = []
+        self._replacing: list[threading.Thread] = []
+        self._live = LiveJobs()
+        self._live_entry: Any = None
+        self._marker = ""
+
+    def __enter__(self) -> LocalRayCluster:
+        self.ray = import_ray()
+        if self.ray.is_initialized():
+            raise BackendError("this process already drives a Ray cluster (one Ray driver per process): close it first")
+        # short: Ray puts Unix sockets under it (107 bytes at most); an attempt's kind of scratch folder,
+        # so a later session removes it should this one die (spotchaos.leftovers)
+        self._temp_dir = tempfile.mkdtemp(prefix="spotchaos-tmp-ray-")
+        # every process of the cluster carries this marker: a later session ends them all if this
+        # process dies without closing it (SIGKILL, OOM), as it ends a dead session's jobs
+        self._marker = f"ray-cluster-{uuid.uuid4().hex[:12]}"
+        self._live_entry = self._live.add(self._marker, {"scratch": self._temp_dir})
+        # Ray writes the address of "the current cluster" under RAY_TMPDIR/ray (else /tmp/ray, shared
+        # with every Ray user of the machine): for the nodes, inside the cluster's own folder
+        os.makedirs(os.path.join(self._temp_dir, "ray"))
+        try:
+            self._port = free_port()
+            self._head = self._ray_start(
+                "head",
+                [
+                    "--head",
+                    f"--port={self._port}",
+                    "--num-cpus=0",
+                    "--include-dashboard=false",
+                    f"--temp-dir={self._temp_dir}",
+                ],
+            )
+            self._connect(timeout=90)
+            for _ in range(self.workers):  # one after the other: two at once time out on 2 busy cores
+                self._register(*self._start_worker(), timeout=120)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self._port}"
+
+    @property
+    def temp_dir(self) -> str | None:
+        """The cluster's own folder (sessions, logs, sockets); gone once it is closed."""
+        return self._temp_dir
+
+    def _ray_start(self, name: str, args: list[str]) -> subprocess.Popen:
+        env = {**os.environ, **LOOPBACK_ENV, "RAY_TMPDIR": str(self._temp_dir), MARKER_VARIABLE: self._marker}
+        ray_cli = [sys.executable, "-m", "spotchaos.backends.raycluster.node_main"]  # loopback only: see there
+        # each node's agents on ports of its own: Ray's fixed defaults would collide on one machine
+        for option in (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "metrics-export-port",
+        ):
+            args = [*args, f"--{option}={free_port()}"]
+        log = open(os.path.join(str(self._temp_dir), f"{name}.log"), "wb")
+        with log:
+            process = subprocess.Popen(
+                [*ray_cli, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # in this process's group: the harness never takes its daemons for a job's orphans
+        self._starters[name] = process
+        return process
+
+    def _connect(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._head is not None and self._head.poll() is not None:
+                raise BackendError(f"the local Ray head exited ({self._head.returncode}): {self._log_tail('head')}")
+            try:
+                self.ray.init(address=self.gcs_address, log_to_driver=False, logging_level="ERROR")
+                return
+            except Exception as exc:  # the GCS is not up yet
+                if time.monotonic() > deadline:
+                    raise BackendError(f"the local Ray head did not answer within {timeout:g} s: {exc}") from None
+                time.sleep(0.5)
+
+    def _log_tail(self, name: str) -> str:
+        try:
+            with open(os.path.join(str(self._temp_dir), f"{name}.log"), "rb") as log:
+                return log.read()[-600:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _start_worker(self) -> tuple[str, str]:
+        """Start one more worker node; it is placed on once it has joined (:meth:`_register`)."""
+        self._serial += 1
+        name = f"worker-{self._serial}"
+        marker = f"spotchaos-{name}"  # a resource only this node has: how its Ray id is found
+        resources = json.dumps({**self.resources, marker: 1})
+        self._ray_start(
+            name,
+            [
+                f"--address={self.gcs_address}",
+                f"--num-cpus={self.cpus:g}",
+                f"--num-gpus={self.gpus:g}",
+                f"--resources={resources}",
+            ],
+        )
+        return name, marker
+
+    def _register(self, name: str, marker: str, timeout: float) -> RayNode:
+        deadline = time.monotonic() + timeout
+        while True:
+            starter = self._starters[name]
+            if starter.poll() is not None:
+                raise BackendError(f"Ray node {name} exited ({starter.returncode}): {self._log_tail(name)}")
+            for info in self.ray.nodes():
+                if info.get("Alive") and marker in info.get("Resources", {}):
+                    resources = {k: float(v) for k, v in info["Resources"].items() if not k.startswith("node:")}
+                    node = RayNode(info["NodeID"], name, resources)
+                    node.processes = [(starter.pid, start_time(starter.pid))]
+                    with self._changed:
+                        self.nodes[node.node_id] = node
+                        self._changed.notify_all()
+                    return node
+            if time.monotonic() > deadline:
+                raise BackendError(f"Ray node {name} did not join within {timeout:g} s: {self._log_tail(name)}")
+            time.sleep(0.2)
+
+    def _joining(self) -> bool:
+        return any(thread.is_alive() for thread in self._replacing)
+
+    def remove(self, node: RayNode) -> str:
+        """The VM gone: every process of the node SIGKILLed at once (its raylet, its workers, the job
+        they run), and a replacement node started, joining in the background."""
+        with self._changed:
+            if self.nodes.pop(node.node_id, None) is None:
+                return f"node {node.name} already gone"
+            self._changed.notify_all()
+        starter = self._starters.pop(node.name, None)
+        pids = _tree(starter.pid) if starter is not None else []
+        _sigkill(pids)
+        if starter is not None:
+            starter.wait()
+        _reap(pids)
+        name, marker = self._start_worker()
+        thread = threading.Thread(target=self._replace, args=(name, marker), name=f"spotchaos-ray-{name}", daemon=True)
+        self._replacing.append(thread)
+        thread.start()
+        return f"node {node.name} removed: {len(pids)} process(es) on it SIGKILLed; {name} replaces it"
+
+    def _replace(self, name: str, marker: str) -> None:
+        try:
+            self._register(name, marker, timeout=180)
+            self.replaced += 1
+        except Exception as exc:  # said by the next placement that finds no node
+            self.replace_errors.append(f"{type(exc).__name__}: {exc}")
+        with self._changed:
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """Shut the cluster down and make sure of it: no process of it left, its folder gone."""
+        for thread in self._replacing:
+            thread.join(timeout=180)
+        if self.ray is not None:
+            with contextlib.suppress(Exception):
+                self.ray.shutdown()
+        everything = [pid for starter in self._starters.values() for pid in _tree(starter.pid)]
+        workers = [n for n in self._starters if n != "head"]
+        for name in [*workers, "head"]:  # workers first: a raylet without its GCS waits to give up
+            starter = self._starters.get(name)
+            if starter is not None and starter.poll() is None:
+                starter.terminate()  # `ray start --block` ends its node's processes on SIGTERM
+        deadline = time.monotonic() + 15
+        for starter in self._starters.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                starter.wait(timeout=max(0.1, deadline - time.monotonic()))
+        everything += [pid for starter in self._starters.values() for pid in _tree(starter.pid)]
+        _sigkill(everything)  # what shutdown left (a worker process, a stuck raylet)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and [p for p in everything if _alive(p)]:
+            _reap(everything)
+            time.sleep(0.05)
+        _reap(everything)
+        everything += end_marked_pids(f"{MARKER_VARIABLE}={self._marker}") if self._marker else []
+        if self._temp_dir is not None:  # an agent a dead raylet left, without the marker, holds its logs open
+            stragglers = holding(Path(self._temp_dir))
+            end(stragglers)
+            everything += stragglers
+        left = [describe(p) for p in sorted(set(everything)) if _alive(p)]
+        self._starters.clear()
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
+        self.nodes.clear()
+        self._live.discard(self._live_entry)
+        if left:
+            raise BackendError(f"Ray processes survived the cluster's shutdown: {', '.join(left)}")
+
+
+def end_marked_pids(marker: str) -> list[int]:
+    """SIGKILL every process carrying ``marker`` (one that left the node's tree); their pids."""
+    found = carrying(marker)
+    end(found)
+    return found
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect the exit of each of ``pids`` that was re-parented here (this is their subreaper)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+class RemoteRayCluster(RayCluster):
+    """The user's cluster at ``address``: its worker nodes are placed on and drained, never removed
+    (the harness cannot end a VM it does not own): a kill ends the job's processes on the node."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__()
+        self.address = address
+        self._gcs = ""
+
+    def __enter__(self) -> RemoteRayCluster:
+        self.ray = import_ray()
+        if self.ray.is_initialized():
+            raise BackendError("this process already drives a Ray cluster (one Ray driver per process): close it first")
+        self.ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+        self._gcs = self.ray.get_runtime_context().gcs_address
+        for info in self.ray.nodes():
+            if info.get("Alive") and info["Resources"].get("CPU", 0) > 0:
+                node_id = info["NodeID"]
+                self.nodes[node_id] = RayNode(node_id, info.get("NodeName", node_id[:8]), dict(info["Resources"]))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            self.ray.shutdown()
+
+    @property
+    def gcs_address(self) -> str:
+        return self._gcs
+
+    def drain(self, node: RayNode, grace_seconds: float) -> str:
+        return f"node {node.name} not drained (the user's cluster: the harness changes no node of it)"
+
+    def remove(self, node: RayNode) -> str:
+        return f"node {node.name} kept (the user's cluster: the harness removes no node of it)"
