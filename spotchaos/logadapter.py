@@ -269,8 +269,12 @@ class LogEventReader:
         job: str,
         confined: ConfinedLoad | None = None,
         convention: StepConvention | None = None,
+        line_latency: float = 0.0,
     ) -> None:
         self.path = log_path
+        # how late a printed line may reach the log after the file the script saved next: a
+        # container's output comes through the daemon's log stream, a loaded machine's late
+        self.line_latency = line_latency
         self.confined = confined  # reads a checkpoint that needs a full unpickle, in the job's confinement
         self.spec = spec
         self.checkpoint_dir = checkpoint_dir
@@ -451,7 +455,7 @@ class LogEventReader:
                 # (seconds, with torch) must not stall the engine's polls, its faults and timeouts
                 self._seen_files[path] = signature
                 future = self._pool.submit(self.confined, path, self.spec.checkpoint_step_key, None)
-                self._pending.append((path, info.st_size, self._last_step, future))
+                self._pending.append((path, info.st_size, (self._last_step, time.time()), future))
                 continue
             except Exception:  # torn, still being written, a link in its path: look again once it changes
                 self._unreadable[path] = signature
@@ -460,13 +464,13 @@ class LogEventReader:
                 self._unreadable[path] = signature
                 continue
             self._seen_files[path] = signature
-            events.append(self._stored_checkpoint(path, summary["step"], info.st_size, self._last_step))
+            events.append(self._stored_checkpoint(path, summary["step"], info.st_size, (self._last_step, time.time())))
         return events
 
-    def _stored_checkpoint(self, path: Path, stored: int, size: int, seen_after: int) -> Event:
+    def _stored_checkpoint(self, path: Path, stored: int, size: int, found: tuple[int | None, float]) -> Event:
         event = self._checkpoint(path, stored - (self.convention.key_offset or 0), size)
         event["stored"] = stored  # the raw key: the uninterrupted run learns the convention from it
-        event["seen_after"] = seen_after  # the last step line read when the file was found
+        event["seen_after"], event["found_at"] = found  # the last step line read when the file was found, and when
         return event
 
     def _checkpoint(self, path: Path, step: int, size: int) -> Event:
@@ -559,7 +563,7 @@ class LogEventReader:
                     f"{spec.where}.checkpoint_step to 'completed', 'last' or 'next')"
                 )
             offset = newest - last
-            _check_not_ahead(self.events, offset, first, self.job, spec)
+            _check_not_ahead(self.events, offset, first, self.job, spec, self.line_latency)
             sources.append(
                 f"its newest checkpoint holds {spec.checkpoint_step_key}={newest} after step line {last + first}"
             )
@@ -587,13 +591,19 @@ class LogEventReader:
         self._lines.close()
 
 
-def _check_not_ahead(events: list[Event], offset: int, first: int, job: str, spec: LogSpec) -> None:
+def _check_not_ahead(
+    events: list[Event], offset: int, first: int, job: str, spec: LogSpec, line_latency: float = 0.0
+) -> None:
     """A reading of the step key under which most checkpoints appeared before the step line of
     the last step they would hold is wrong: the script saves before it runs that step (nanoGPT
     saves ``iter_num`` at its evaluation, before the step of that number), so its newest
     checkpoint does not hold its last step and cannot teach the convention. A script that saves
     right before printing is seen ahead only when the harness looks in that instant, rarely."""
     seen = [e for e in events if e["event"] == "checkpoint" and "stored" in e]
+    steps = [(e["t"], e["step"]) for e in events if e["event"] == "step"]
+    for e in seen:  # a line printed before the save may reach the log up to line_latency after the file
+        late = [step for t, step in steps if t <= e["found_at"] + line_latency]
+        e["seen_after"] = max([e["seen_after"], *late], key=lambda step: -1 if step is None else step)
     ahead = [e for e in seen if e["stored"] - offset > e["seen_after"]]
     if len(ahead) >= 2 and 2 * len(ahead) >= len(seen):
         key, example = spec.checkpoint_step_key, ahead[0]
