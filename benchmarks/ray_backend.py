@@ -24,26 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.parallel_plans import search  # noqa: E402  (the same search, the same seed)
 from spotchaos import Session  # noqa: E402
 from spotchaos.backends.raycluster import LocalRayCluster  # noqa: E402
 from spotchaos.config import load_settings  # noqa: E402
 from spotchaos.plan import Plan  # noqa: E402
-from spotchaos.record import ScenarioRecord  # noqa: E402
-from spotchaos.search import ExploreSettings, explore  # noqa: E402
-from spotchaos.strategies import preemption_plans  # noqa: E402
-
-
-def search(session: Session, job, plans: int, parallel: int) -> tuple[float, list[tuple[str, bool]]]:
-    record = ScenarioRecord(scenario="benchmark", job=job.name, seed=11)
-    started = time.monotonic()
-    explore(
-        session,
-        job,
-        lambda steps: preemption_plans(steps, max_preemptions=2),
-        settings=ExploreSettings(max_examples=plans, seed=11, parallel=parallel),
-        record=record,
-    )
-    return time.monotonic() - started, [(r["plan"], r["passed"]) for r in record.runs]
 
 
 def uninterrupted(session: Session, job, repeats: int) -> float:
@@ -63,7 +48,7 @@ def main() -> None:
         with Session(ROOT, workdir=Path(work) / "subprocess") as session:
             session.reference(job)  # computed once, outside every timing
             base = uninterrupted(session, job, args.repeats)
-            wall, runs = search(session, job, args.plans, 1)
+            wall, runs, _ = search(session, job, args.plans, 1)
             rows["subprocess"] = {"seconds": round(wall, 2), "attempt_seconds": round(base, 2), "runs": runs}
         for workers in (1, 2):
             started = time.monotonic()
@@ -72,7 +57,7 @@ def main() -> None:
                 s.use_ray_cluster(cluster)
                 s.reference(on_ray)
                 attempt = uninterrupted(s, on_ray, args.repeats) if workers == 1 else None
-                wall, runs = search(s, on_ray, args.plans, workers)
+                wall, runs, _ = search(s, on_ray, args.plans, workers)
                 row = {"seconds": round(wall, 2), "cluster_start_seconds": round(up, 2), "runs": runs}
                 rows[f"ray-{workers}"] = {**row, "replacement_nodes": cluster.replaced}
                 if attempt is not None:

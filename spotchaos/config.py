@@ -19,7 +19,7 @@ from typing import Any
 
 from .container import ContainerSpec, container_from_mapping
 from .cost import MAX_PRICE, PRICE_KEYS, CostInputs
-from .declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
+from .declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of, only_known
 from .errors import ConfigError
 from .logadapter import LogSpec, log_from_mapping
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
@@ -507,11 +507,7 @@ class RaySettings:
 
 def _ray_settings(table: Any, where: str) -> RaySettings:
     known = {"address", "workers", "cpus_per_worker", "gpus_per_worker", "resources_per_worker"}
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: must be a table (address, workers, cpus_per_worker, ...)")
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    table = only_known(table, where, known, "a table (address, workers, cpus_per_worker, ...)")
     address = table.get("address")
     if address is not None and (not isinstance(address, str) or not address):
         raise ConfigError(f"{where}.address: must be a Ray address such as '127.0.0.1:6379'")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .declare import only_known
 from .errors import ConfigError
 
 NETWORKS = ("host", "none")  # never a bridge: a job may reach loopback (the S3 server) and nothing else
@@ -97,11 +98,7 @@ def container_from_mapping(image: Any, table: Any, where: str) -> ContainerSpec:
         raise ConfigError(f"{where}.image: must be a non-empty image name, got {image!r}")
     if table is None:
         table = {}
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}.container: must be a table")
-    unknown = sorted(set(table) - _KEYS)
-    if unknown:
-        raise ConfigError(f"{where}.container.{unknown[0]}: unknown key (known: {', '.join(sorted(_KEYS))})")
+    table = only_known(table, f"{where}.container", _KEYS)
     entrypoint = table.get("entrypoint")
     if entrypoint is not None:
         if isinstance(entrypoint, str):

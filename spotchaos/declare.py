@@ -30,6 +30,16 @@ def command_of(value: Any, where: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def only_known(table: Any, where: str, known: set[str], shape: str = "a table") -> Mapping[str, Any]:
+    """``table`` as a mapping of ``known`` keys only, or one ConfigError naming the first stray key."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: must be {shape}")
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    return table
+
+
 def checked_table(
     kind: str, name: str, table: Any, source: str, known: set[str]
 ) -> tuple[Mapping[str, Any], Callable[[str], str]]:
@@ -39,11 +49,7 @@ def checked_table(
     def where(key: str) -> str:
         return f"{source} [tool.spotchaos.{kind}.{name}].{key}"
 
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{source} [tool.spotchaos.{kind}.{name}]: must be a table")
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise ConfigError(f"{where(unknown[0])}: unknown key (known: {', '.join(sorted(known))})")
+    table = only_known(table, f"{source} [tool.spotchaos.{kind}.{name}]", known)
     if "command" not in table:
         raise ConfigError(f"{where('command')}: required")
     return table, where
