@@ -1,5 +1,5 @@
-"""The Ray backend on a real Ray cluster on this machine: a head and two worker nodes of one CPU
-(``ray start`` processes on 127.0.0.1), the reference trainer's attempts placed on them, a node
+"""The Ray backend on a real Ray cluster on this machine: a head and two worker nodes of one CPU and
+one declared GPU (``ray start`` processes on 127.0.0.1), the reference trainer's attempts placed on them, a node
 drained for preemption, a node removed, the next attempt on another node, and nothing of the
 cluster left once it closes. The built-in scenarios on it are the main job's (scenarios/test_ray.py)."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from spotchaos.backends.raycluster import LocalRayCluster
-from spotchaos.config import ConfigError, job_from_mapping, load_settings
+from spotchaos.config import ConfigError, JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import SpotchaosError
 from spotchaos.families.preemption import ChaosFailure
 from spotchaos.leftovers import LIVE_DIR_VARIABLE, LiveJobs
@@ -25,7 +26,7 @@ from spotchaos.processes import become_subreaper
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosRunner
 
-from .helpers import ROOT, is_alive, trainer_job
+from .helpers import FIXTURES, ROOT, is_alive, run_pytest, trainer_job
 
 SETTINGS = load_settings(ROOT / "pyproject.toml")
 RAY_JOB = next(job for job in SETTINGS.jobs if job.name == "reference-ray")
@@ -33,8 +34,11 @@ RAY_JOB = next(job for job in SETTINGS.jobs if job.name == "reference-ray")
 
 @pytest.fixture(scope="module")
 def ray_runner(tmp_path_factory):
-    """One session, so one local cluster (started with the first Ray job) for the module."""
-    with ChaosRunner(ROOT, workdir=tmp_path_factory.mktemp("ray-runs")) as runner:
+    """One session on one local cluster for the module (one Ray driver per process): a head and two
+    worker nodes of one CPU and one GPU each, the GPU declared (Ray hands it out; no device needed)."""
+    runs = tmp_path_factory.mktemp("ray-runs")
+    with LocalRayCluster(workers=2, cpus=1, gpus=1) as cluster, ChaosRunner(ROOT, workdir=runs) as runner:
+        runner.use_ray_cluster(cluster)
         yield runner
 
 
@@ -61,7 +65,6 @@ def test_a_notice_drains_the_node_a_kill_removes_it_and_each_restart_runs_elsewh
         pytest.param(
             trainer_job("broken_no_optimizer_restore"), "sigterm@7", r"the optimizer state differs", id="optimizer"
         ),
-        pytest.param(trainer_job("broken_no_rng_restore"), "sigkill@10", r"(loss|rng) diverged at step", id="rng"),
         pytest.param(
             trainer_job("broken_ignores_sigterm", "--step-seconds", "0.25", grace_seconds=1.5),
             "sigterm@3",
@@ -80,6 +83,21 @@ def test_a_broken_trainer_fails_on_ray_with_the_message_it_gets_as_a_subprocess(
     on_ray, as_subprocess = messages
     assert re.search(defect, on_ray), on_ray
     assert re.sub(r"\d+", "N", on_ray) == re.sub(r"\d+", "N", as_subprocess), (on_ray, as_subprocess)
+
+
+def test_a_gpu_job_sees_the_gpu_ray_gave_its_attempt_on_each_node(ray_runner, tmp_path):
+    witness = tmp_path / "witness"
+    witness.mkdir()
+    command = ("python", str(FIXTURES / "gpu_witness_trainer.py"), "--steps", "12", "--checkpoint-every", "3")
+    job = JobSpec(name="ray-gpu", command=command, gpus=1, backend="ray", grace_seconds=10,
+                  env=(("GPU_WITNESS_DIR", str(witness)),))  # fmt: skip
+    record = ScenarioRecord("ray-gpu", job.name, None)
+    ray_runner.check(job, "sigkill@5", record)
+    attempts = [json.loads(line) for line in (witness / "attempts.jsonl").read_text().splitlines()]
+    assert len(attempts) >= 3 and all(a["devices"] == ["0"] for a in attempts), attempts  # the reference, then 2
+    nodes = record.runs[-1]["nodes"]
+    assert [n["ray_gpus"] for n in nodes] == [["0"], ["0"]] and nodes[0]["node_id"] != nodes[1]["node_id"], nodes
+    assert all(n["resources"]["GPU"] == 1.0 for n in nodes), nodes
 
 
 def test_a_job_asking_for_what_no_node_has_is_one_clear_error(ray_runner):
@@ -102,14 +120,15 @@ def tree(pid):
 with LocalRayCluster(workers=1) as cluster:
     daemons = children(os.getpid())
     print(json.dumps({"daemons": len(daemons), "pids": [p for d in daemons for p in tree(d)],
-                      "temp": cluster.temp_dir, "nodes": len(cluster.nodes)}), flush=True)
+                      "temp": cluster.temp_dir, "nodes": len(cluster.nodes),
+                      "gcs": int(cluster.gcs_address.rsplit(":", 1)[1])}), flush=True)
 print(json.dumps({"shared_tmp": os.path.exists("/tmp/ray") and not shared_before}))
 """
 
 
 def test_nothing_of_a_local_cluster_is_left_once_it_closes():
     """In a process of its own (one Ray driver per process): every process of the cluster gone once
-    it closes, its folder removed, nothing written to the machine's shared /tmp/ray."""
+    it closes, its folder removed, its head's port closed, nothing written to the machine's shared /tmp/ray."""
     become_subreaper()  # what the cluster's process might orphan would come here, and be seen alive
     done = subprocess.run([sys.executable, "-c", OPEN_AND_CLOSE], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -117,6 +136,8 @@ def test_nothing_of_a_local_cluster_is_left_once_it_closes():
     assert opened["daemons"] == 2 and opened["nodes"] == 1 and len(opened["pids"]) > 6, opened  # head, worker, theirs
     assert not [pid for pid in opened["pids"] if is_alive(pid)], "Ray processes survived the close"
     assert not Path(opened["temp"]).exists() and not closed["shared_tmp"]
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", opened["gcs"]), timeout=5):
+        pass  # the head's port is closed
 
 
 DIE_WITH_CLUSTER_OPEN = """
@@ -148,6 +169,60 @@ def test_a_cluster_left_by_a_killed_session_is_ended_by_the_next(tmp_path):
     while [pid for pid in opened["pids"] if is_alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in opened["pids"] if is_alive(pid)] and not Path(opened["temp"]).exists()
+
+
+HOLD_A_CLUSTER = """
+import json, sys
+from spotchaos.backends.raycluster import LocalRayCluster
+with LocalRayCluster(workers=1) as cluster:
+    print(json.dumps({"address": cluster.gcs_address, "nodes": sorted(cluster.nodes)}), flush=True)
+    sys.stdin.read()  # until the test is done with it
+    alive = sorted(n["NodeID"] for n in cluster.ray.nodes() if n["Alive"] and n["Resources"].get("CPU"))
+    print(json.dumps({"alive": alive}), flush=True)
+"""
+USERS_SCENARIO = """
+import pytest
+pytestmark = pytest.mark.spotchaos
+def test_on_the_users_cluster(spotchaos, spotchaos_job):
+    spotchaos.check(spotchaos_job, "sigterm@7")
+    spotchaos.check(spotchaos_job, "sigkill@9")
+"""
+
+
+def test_on_a_users_cluster_by_address_attempts_run_on_its_nodes_and_none_is_changed(tmp_path):
+    """--spotchaos-ray-address: a session of its own (one Ray driver per process) on a cluster the
+    test holds open in another process, as a user's would be: the plans pass on its worker node, a
+    notice is SIGTERM (no drain), a kill ends the job and keeps the node, which is still there after."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_A_CLUSTER], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        opened = json.loads(holder.stdout.readline())
+        project = tmp_path / "project"
+        project.mkdir()
+        command = ["python", str(FIXTURES / "reference_trainer.py"), "--steps", "16", "--checkpoint-every", "4"]
+        (project / "pyproject.toml").write_text(
+            f'[tool.spotchaos.jobs.mine]\ncommand = {json.dumps(command)}\nbackend = "ray"\ngrace_seconds = 10\n'
+        )
+        (project / "test_mine.py").write_text(USERS_SCENARIO)
+        run = run_pytest(project, "--spotchaos", f"--spotchaos-ray-address={opened['address']}")
+        assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+        holder.stdin.close()
+        closed = json.loads(holder.stdout.readline())
+    finally:  # the holder closes its cluster once its stdin closes, whatever happened here
+        if not holder.stdin.closed:
+            holder.stdin.close()
+        try:
+            holder.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+    assert closed["alive"] == opened["nodes"]  # its one worker node: never drained away, never removed
+    report = json.loads((project / "spotchaos-report" / "report.json").read_text())
+    runs = report["scenarios"][0]["runs"]
+    placed = [n for r in runs for n in r["nodes"]]
+    assert {n["node_id"] for n in placed} == set(opened["nodes"]), placed
+    assert "not drained (the user's cluster" in runs[0]["nodes"][0]["fault"], runs[0]["nodes"]
+    assert "kept (the user's cluster" in runs[1]["nodes"][0]["fault"], runs[1]["nodes"]
 
 
 def test_a_second_cluster_in_one_process_is_one_clear_error(ray_runner):

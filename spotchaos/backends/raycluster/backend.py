@@ -63,7 +63,15 @@ class RayHandle:
         self.placement["fault"] = f"{note}{signal.Signals(signum).name} to the job on Ray node {self.node.name}"
 
     def kill(self) -> None:
-        """The node is gone: the VM reclaimed (no notice, or the grace window over)."""
+        """The node is gone: the VM reclaimed (no notice, or the grace window over). On the user's
+        cluster the node stays: the job's processes on it are SIGKILLed, nothing more."""
+        if not self._backend.cluster.local:
+            with contextlib.suppress(Exception):
+                self._call("kill", timeout=10)
+            self.placement["fault"] = f"SIGKILL to the job on Ray node {self.node.name}; " + (
+                self._backend.cluster.remove(self.node)
+            )
+            return
         with self._lock:
             if self._gone:
                 return

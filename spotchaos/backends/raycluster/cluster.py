@@ -289,8 +289,9 @@ class LocalRayCluster(RayCluster):
 
     def _start_worker(self) -> tuple[str, str]:
         """Start one more worker node; it is placed on once it has joined (:meth:`_register`)."""
-        self._serial += 1
-        name = f"worker-{self._serial}"
+        with self._changed:  # removals in parallel plans start replacements from several threads
+            self._serial += 1
+            name = f"worker-{self._serial}"
         marker = f"spotchaos-{name}"  # a resource only this node has: how its Ray id is found
         resources = json.dumps({**self.resources, marker: 1})
         self._ray_start(
@@ -434,7 +435,8 @@ class RemoteRayCluster(RayCluster):
         for info in self.ray.nodes():
             if info.get("Alive") and info["Resources"].get("CPU", 0) > 0:
                 node_id = info["NodeID"]
-                self.nodes[node_id] = RayNode(node_id, info.get("NodeName", node_id[:8]), dict(info["Resources"]))
+                resources = {k: float(v) for k, v in info["Resources"].items() if not k.startswith("node:")}
+                self.nodes[node_id] = RayNode(node_id, f"node-{node_id[:8]}", resources)
         return self
 
     def __exit__(self, *exc: object) -> None:
