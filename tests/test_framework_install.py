@@ -1,8 +1,8 @@
 """What a new user of a framework does: a fresh venv with ``pip install spotchaos
 "transformers[torch]"`` (the Trainer needs accelerate), a training script with its one integration
 line, a job table of three keys, and ``pytest --spotchaos`` collects every built-in scenario for it
-from the installed package, with no file of this repository copied beside it, and runs the preemption
-family (the other five run on the same script in the main job's second command and in
+from the installed package, with no file of this repository copied beside it, and runs the notice
+scenario (the other seven run on the same script in the main job's second command and in
 tests/test_frameworks.py: CI's time goes to what only this test can show)."""
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ BUILTIN = {  # every scenario that ships in spotchaos/scenarios, on the one decl
 }
 
 
-def test_a_trainer_job_in_a_fresh_venv_collects_every_built_in_scenario_and_passes_its_preemptions(tmp_path):
-    """Collected: all eight; run and passed: the three of test_preemption.py."""
+def test_a_trainer_job_in_a_fresh_venv_collects_every_built_in_scenario_and_passes_a_notice(tmp_path):
+    """Collected: all eight; run and passed: the notice, then a bit-exact resume."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY", "CI")}
     python = fresh_venv(tmp_path / "venv", "torch==2.13.0", str(ROOT), "transformers[torch]==5.24.0", env=env)
 
@@ -44,9 +44,9 @@ def test_a_trainer_job_in_a_fresh_venv_collects_every_built_in_scenario_and_pass
     listed = subprocess.run([*pytest, "--collect-only", "-q"], cwd=project, capture_output=True, text=True, env=env)
     collected = {line.split("/")[-1] for line in listed.stdout.splitlines() if "::" in line}
     assert collected == BUILTIN, listed.stdout[-4000:] + listed.stderr[-2000:]
-    preemption = {name for name in BUILTIN if name.startswith("test_preemption.py")}
+    preemption = {name for name in BUILTIN if "test_notice_then_resume" in name}
     run = subprocess.run(
-        [*pytest, "-rA", "-k", "test_preemption"],
+        [*pytest, "-rA", "-k", "test_notice_then_resume"],
         cwd=project,
         capture_output=True,
         text=True,
