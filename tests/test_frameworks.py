@@ -38,17 +38,19 @@ def test_the_trainer_jit_checkpoint_is_caught_saving_half_a_step(runner):
     """The JIT checkpoint lands on the first hook 3 s after SIGTERM: inside a step (where a step
     spends its time) unless the timer happens to run out between two steps, so a few notices."""
     jit = job("hf-trainer", "--sigterm", "jit", "--unverified", "--max-steps", "70")  # 7 s: the 3 s wait ends inside
-    messages = []
+    cause = "cause: transformers' JIT checkpoint (enable_jit_checkpoint) wrote checkpoint-"
+    lines = []
     for plan in ("sigterm@5", "sigterm@9", "sigterm@13"):
         try:
             runner.check(jit, Plan.parse(plan))
         except ChaosFailure as failure:
-            messages.append(str(failure))
-            break
-    assert messages, "three SIGTERMs, and the JIT checkpoint never landed mid-step"
-    line = next(x for x in messages[0].splitlines() if "diverged" in x)
+            lines.append(next(x for x in str(failure).splitlines() if "diverged" in x))
+            if cause in lines[-1]:
+                break  # on a loaded machine one notice may land where the save is whole: the next one
+    assert lines, "three SIGTERMs, and the JIT checkpoint never landed mid-step"
+    line = next((x for x in lines if cause in x), lines[0])
     assert "the first step after resuming" in line, line
-    assert "cause: transformers' JIT checkpoint (enable_jit_checkpoint) wrote checkpoint-" in line
+    assert cause in line, lines
     assert "from on_pre_optimizer_step, in the middle of step" in line
 
 

@@ -195,6 +195,7 @@ class LocalRayCluster(RayCluster):
         self.replace_errors: list[str] = []
         self._replacing: list[threading.Thread] = []
         self._live = LiveJobs()
+        self._killed: list[int] = []
         self._live_entry: Any = None
         self._marker = ""
 
@@ -340,6 +341,7 @@ class LocalRayCluster(RayCluster):
         if starter is not None:
             starter.wait()
         _reap(pids)
+        self._killed += pids  # re-parented here later, some: reaped again when the cluster closes
         name, marker = self._start_worker()
         thread = threading.Thread(target=self._replace, args=(name, marker), name=f"spotchaos-ray-{name}", daemon=True)
         self._replacing.append(thread)
@@ -374,16 +376,17 @@ class LocalRayCluster(RayCluster):
                 starter.wait(timeout=max(0.1, deadline - time.monotonic()))
         everything += [pid for starter in self._starters.values() for pid in _tree(starter.pid)]
         _sigkill(everything)  # what shutdown left (a worker process, a stuck raylet)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and [p for p in everything if _alive(p)]:
-            _reap(everything)
-            time.sleep(0.05)
-        _reap(everything)
         everything += end_marked_pids(f"{MARKER_VARIABLE}={self._marker}") if self._marker else []
         if self._temp_dir is not None:  # an agent a dead raylet left, without the marker, holds its logs open
             stragglers = holding(Path(self._temp_dir))
             end(stragglers)
             everything += stragglers
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and [p for p in everything if _alive(p)]:
+            _reap(everything)
+            time.sleep(0.05)
+        _reap(everything)
+        _reap(self._killed)  # a removed node's processes, re-parented here since: their exits collected
         left = [describe(p) for p in sorted(set(everything)) if _alive(p)]
         self._starters.clear()
         if self._temp_dir is not None:
