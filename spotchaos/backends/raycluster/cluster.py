@@ -19,6 +19,7 @@ the node SIGKILLed), after which a replacement node joins, off the attempt's clo
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -102,7 +103,7 @@ class RayNode:
         return {"node": self.name, "node_id": self.node_id, "resources": self.resources}
 
 
-class RayCluster:
+class RayCluster(abc.ABC):
     """What the backend needs of a cluster: its worker nodes, placement, drain and removal."""
 
     def __init__(self) -> None:
@@ -166,12 +167,14 @@ class RayCluster:
             node.drained = True
         return "drain accepted" if accepted else f"drain refused: {rejection}"
 
+    @abc.abstractmethod
     def remove(self, node: RayNode) -> str:
-        raise NotImplementedError
+        """The node gone (a local cluster) or kept (the user's); what happened, for the report."""
 
     @property
+    @abc.abstractmethod
     def gcs_address(self) -> str:
-        raise NotImplementedError
+        """The head's GCS, host:port."""
 
     def describe(self) -> dict[str, Any]:
         return {"local": self.local, "address": self.gcs_address, "nodes": [n.describe() for n in self.nodes.values()]}
