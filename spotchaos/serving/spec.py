@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..container import SIZE, ContainerSpec, container_from_mapping, size_bytes
-from ..declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of
+from ..declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of, only_known
 from ..errors import ConfigError
 from ..presets import GRACE_WINDOWS
 
@@ -309,12 +309,7 @@ _MODEL_KEYS = {"file", "key", "updated_file", "cold_bandwidth"}
 
 
 def _subtable(value: Any, where: str, known: set[str]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where}: must be a table ({', '.join(sorted(known))})")
-    bad = sorted(set(value) - known)
-    if bad:
-        raise ConfigError(f"{where}.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
-    return value
+    return only_known(value, where, known, f"a table ({', '.join(sorted(known))})")
 
 
 def service_from_mapping(name: str, table: Mapping[str, Any], source: str) -> ServiceSpec:
