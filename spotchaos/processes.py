@@ -81,6 +81,16 @@ def children(parent: int) -> list[int]:
     return _live_where(lambda fields: int(fields[1]) == parent) if PROC.is_dir() else []
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process below it (a Ray node's ``ray start`` and its daemons)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children(current))
+    return found
+
+
 def carrying(marker: str) -> list[int]:
     """Live processes (not this one) whose environment holds ``marker`` (``NAME=value``)."""
     if not PROC.is_dir():

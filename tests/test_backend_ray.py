@@ -109,17 +109,12 @@ def test_a_job_asking_for_what_no_node_has_is_one_clear_error(ray_runner):
 OPEN_AND_CLOSE = """
 import json, os, sys
 from spotchaos.backends.raycluster import LocalRayCluster
-from spotchaos.processes import become_subreaper, children
+from spotchaos.processes import become_subreaper, children, descendants
 become_subreaper()
 shared_before = os.path.exists("/tmp/ray")
-def tree(pid):
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop(); found.append(current); todo.extend(children(current))
-    return found
 with LocalRayCluster(workers=1) as cluster:
     daemons = children(os.getpid())
-    print(json.dumps({"daemons": len(daemons), "pids": [p for d in daemons for p in tree(d)],
+    print(json.dumps({"daemons": len(daemons), "pids": [p for d in daemons for p in descendants(d)],
                       "temp": cluster.temp_dir, "nodes": len(cluster.nodes),
                       "gcs": int(cluster.gcs_address.rsplit(":", 1)[1])}), flush=True)
 print(json.dumps({"shared_tmp": os.path.exists("/tmp/ray") and not shared_before}))
@@ -143,14 +138,10 @@ def test_nothing_of_a_local_cluster_is_left_once_it_closes():
 DIE_WITH_CLUSTER_OPEN = """
 import json, os, signal
 from spotchaos.backends.raycluster import LocalRayCluster
-from spotchaos.processes import children
-def tree(pid):
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop(); found.append(current); todo.extend(children(current))
-    return found
+from spotchaos.processes import children, descendants
 cluster = LocalRayCluster(workers=1).__enter__()
-print(json.dumps({"pids": [p for d in children(os.getpid()) for p in tree(d)], "temp": cluster.temp_dir}), flush=True)
+pids = [p for d in children(os.getpid()) for p in descendants(d)]
+print(json.dumps({"pids": pids, "temp": cluster.temp_dir}), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # pytest killed with the cluster open: nothing closes it
 """
 

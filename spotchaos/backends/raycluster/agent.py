@@ -6,7 +6,8 @@ backend; ``PR_SET_PDEATHSIG`` ties it to the actor's worker, so a node whose pro
 takes its job with it, as a reclaimed VM does. The actor runs several calls at once
 (``max_concurrency``): a notice is not queued behind a ``wait``.
 
-Only the standard library here: this module is imported on every node of the cluster.
+This module is imported on every node of the cluster (spotchaos is installed there, as on the
+harness's machine); what it uses of spotchaos is the standard library's alone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
+
+from ...processes import group_members
+from ...safefs import create_new
 
 PR_SET_PDEATHSIG = 1
 
@@ -25,28 +30,6 @@ def _die_with_parent() -> None:
     """In the job's process before exec: SIGKILL it when the actor's worker dies."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live processes (zombies excluded) of process group ``pgid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            found.append(int(entry))
-    return found
-
-
-def _create_new(path: str):
-    """The log file, created here and nowhere else: never an existing file, never through a link."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    return os.fdopen(fd, "wb")
 
 
 class JobAgent:
@@ -60,7 +43,7 @@ class JobAgent:
         """Start the job; who it is (pid, start time) and where (node, worker pid)."""
         import ray  # on the node, inside the actor: the node's own Ray
 
-        self._logs = [_create_new(stdout_path), _create_new(stderr_path)]
+        self._logs = [create_new(Path(stdout_path)), create_new(Path(stderr_path))]
         gpu_ids = ray.get_gpu_ids()
         if gpu_ids:  # the GPUs Ray assigned this actor: the job sees those and no other
             env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpu_ids)}
@@ -117,7 +100,7 @@ class JobAgent:
             return None
 
     def survivors(self) -> list[int]:
-        return [] if self._process is None else _group_members(self._process.pid)
+        return [] if self._process is None else group_members(self._process.pid)
 
     def cleanup(self) -> list[int]:
         """Kill and reap the whole group; what survived 10 s of SIGKILL (empty when all went)."""

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from typing import Any
 from ...errors import BackendError
 from ...leftovers import MARKER_VARIABLE, LiveJobs
 from ...ports import free_port
-from ...processes import carrying, children, describe, end, holding, start_time
+from ...processes import carrying, descendants, describe, end, holding, start_time
 
 # every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
 # closed port on 127.0.0.1 and fails)
@@ -69,22 +68,6 @@ def import_ray() -> Any:
             os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         else:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every live process below it."""
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children(current))
-    return found
-
-
-def _sigkill(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @dataclass
@@ -339,8 +322,8 @@ class LocalRayCluster(RayCluster):
                 return f"node {node.name} already gone"
             self._changed.notify_all()
         starter = self._starters.pop(node.name, None)
-        pids = _tree(starter.pid) if starter is not None else []
-        _sigkill(pids)
+        pids = descendants(starter.pid) if starter is not None else []
+        end(pids)
         if starter is not None:
             starter.wait()
         _reap(pids)
@@ -367,7 +350,7 @@ class LocalRayCluster(RayCluster):
         if self.ray is not None:
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
-        everything = [pid for starter in self._starters.values() for pid in _tree(starter.pid)]
+        everything = [pid for starter in self._starters.values() for pid in descendants(starter.pid)]
         workers = [n for n in self._starters if n != "head"]
         for name in [*workers, "head"]:  # workers first: a raylet without its GCS waits to give up
             starter = self._starters.get(name)
@@ -377,20 +360,20 @@ class LocalRayCluster(RayCluster):
         for starter in self._starters.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 starter.wait(timeout=max(0.1, deadline - time.monotonic()))
-        everything += [pid for starter in self._starters.values() for pid in _tree(starter.pid)]
-        _sigkill(everything)  # what shutdown left (a worker process, a stuck raylet)
+        everything += [pid for starter in self._starters.values() for pid in descendants(starter.pid)]
+        end(everything)  # what shutdown left (a worker process, a stuck raylet)
         everything += end_marked_pids(f"{MARKER_VARIABLE}={self._marker}") if self._marker else []
         if self._temp_dir is not None:  # an agent a dead raylet left, without the marker, holds its logs open
             stragglers = holding(Path(self._temp_dir))
             end(stragglers)
             everything += stragglers
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and [p for p in everything if _alive(p)]:
+        while time.monotonic() < deadline and [p for p in everything if start_time(p) is not None]:
             _reap(everything)
             time.sleep(0.05)
         _reap(everything)
         _reap(self._killed)  # a removed node's processes, re-parented here since: their exits collected
-        left = [describe(p) for p in sorted(set(everything)) if _alive(p)]
+        left = [describe(p) for p in sorted(set(everything)) if start_time(p) is not None]
         self._starters.clear()
         if self._temp_dir is not None:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
@@ -413,14 +396,6 @@ def _reap(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 class RemoteRayCluster(RayCluster):
