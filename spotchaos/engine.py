@@ -471,7 +471,7 @@ def _run_attempt(
         confined = ConfinedLoader(
             backend, in_container=job.container is not None, env=quiet, cwd=cwd, folder=folder, writable=spec.writable
         )
-        latency = 1.0 if job.container is not None else 0.0  # a container's output comes through the daemon
+        latency = getattr(backend, "log_latency_seconds", 0.0)  # the backend's own: a container's lines come late
         reader = LogEventReader(log_path, job.log, checkpoints, job.name, confined, options.convention, latency)
     else:
         reader = EventReader(events_path)

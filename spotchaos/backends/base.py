@@ -49,6 +49,9 @@ class Handle(Protocol):
 
 
 class Backend(Protocol):
+    """May also carry ``log_latency_seconds``: how late a printed line may reach the attempt's log
+    after what the job did next (Docker's log stream; 0 for a local file)."""
+
     name: str
 
     def inherited_environment(self) -> dict[str, str]:

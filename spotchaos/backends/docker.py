@@ -129,6 +129,8 @@ class DockerBackend:
     """Runs each attempt of one job in a container of its image."""
 
     name = "docker"
+    # how late a printed line may reach the attempt's log: it comes through the daemon's log stream
+    log_latency_seconds = 1.0
 
     def __init__(self, session: DockerSession, container: ContainerSpec) -> None:
         self.session = session
