@@ -63,13 +63,13 @@ class JobSpec:
     # when something matches it, else it starts fresh, for scripts whose resume flag fails without one
     resume_if_exists: str | None = None
     # How many uninterrupted runs measure the job's own run-to-run noise (1: just the reference).
-    # None: 1 when exactness is "bit", 3 when it is "envelope".
+    # None: 1 when exactness is "bit", 5 when it is "envelope" (docs/determinism.md: why 5).
     determinism_runs: int | None = None
     # "bit": the resumed run must equal the uninterrupted one bit for bit. "envelope": for jobs that
     # cannot be made deterministic, it must stay inside the spread the uninterrupted runs showed,
     # widened by envelope_factor.
     exactness: str = "bit"
-    envelope_factor: float = 4.0
+    envelope_factor: float = 6.0
     # The checkpoints a run writes after a resume are compared with the uninterrupted run's of the
     # same step; entries matching these patterns ("trainer.pt:timestamp", "*.host") may differ.
     state_diff: bool = True
@@ -156,7 +156,7 @@ class JobSpec:
         if self.exactness == "envelope" and runs == 1:
             raise ConfigError(
                 f"{self.where('determinism_runs')}: envelope mode measures the spread of at least 2 uninterrupted "
-                "runs; leave it unset (3) or give 2 or more"
+                "runs; leave it unset (5) or give 2 or more"
             )
         _check_number(self.envelope_factor, self.where("envelope_factor"), "a factor such as 4", 0.999, 1e6)
         self._check_launcher()
@@ -228,7 +228,7 @@ class JobSpec:
         """How many uninterrupted runs the job gets: the reference and the ones measuring its noise."""
         if self.determinism_runs is not None:
             return self.determinism_runs
-        return 3 if self.exactness == "envelope" else 1
+        return 5 if self.exactness == "envelope" else 1
 
     def where(self, key: str) -> str:
         if self.source == "python":

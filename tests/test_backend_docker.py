@@ -69,12 +69,14 @@ def test_builtin_scenarios_pass_in_containers_with_dataloader_workers(docker_ses
         f"--spotchaos-output={tmp_path}",
         "--spotchaos-require-docker",
         "-k",
-        "not crash_while_loading and not chained",  # the two longest, the same in a container: CI's time
+        # a notice, a hard kill, a damaged checkpoint, a budget: what a container changes (docker stop,
+        # docker kill, its own filesystem, its clock); the rest of scenarios/ is the same in a container
+        "notice_then_resume or hard_kill or damaged_newest or overhead",
     )
     failed = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     assert result.returncode == 0, "\n".join(failed) + "\n" + result.stdout[-4000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["summary"]["scenarios"] >= 6 and report["summary"]["failed"] == 0
+    assert report["summary"]["scenarios"] >= 4 and report["summary"]["failed"] == 0
     (image,) = report["environment"]["containers"]
     assert image["image"] == IMAGE and image["id"].startswith("sha256:")
     assert all(job["container"]["image"] == IMAGE for job in report["jobs"])

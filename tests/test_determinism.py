@@ -20,6 +20,7 @@ from spotchaos.trajectory import Attempt, RunRecord
 from .helpers import FIXTURES
 
 NOISE = (("SPOTCHAOS_FIXTURE_GRAD_NOISE", "1e-7"),)
+FULL = pytest.mark.full  # the full run's (pytest --spotchaos without -m): docs/ci.md
 
 
 def trainer(script: str, *, noise: bool = False, **settings) -> JobSpec:
@@ -57,8 +58,9 @@ def test_a_deterministic_job_is_said_to_be_bit_reproducible(runner):
 @pytest.mark.parametrize(
     "plans",
     [
-        lambda steps: preemption_plans(steps, faults=("sigterm",), max_preemptions=1),
-        lambda steps: preemption_plans(steps, faults=("sigkill",), max_preemptions=1),
+        # CI runs the chained search (notices and hard kills alike); each fault alone is the full run's
+        pytest.param(lambda steps: preemption_plans(steps, faults=("sigterm",), max_preemptions=1), marks=FULL),
+        pytest.param(lambda steps: preemption_plans(steps, faults=("sigkill",), max_preemptions=1), marks=FULL),
         lambda steps: preemption_plans(steps, max_preemptions=3),
     ],
     ids=["notice", "hard-kill", "chained"],
@@ -69,7 +71,7 @@ def test_under_envelope_mode_the_noisy_job_passes_the_preemption_scenarios(runne
 
 def test_the_envelope_verdict_says_what_it_cannot_see(runner):
     verdict = runner.check(trainer("broken_nondeterministic", exactness="envelope"), Plan.parse("sigterm@6"))
-    assert verdict.precision.startswith("within the envelope of 3 uninterrupted runs widened 4x")
+    assert verdict.precision.startswith("within the envelope of 5 uninterrupted runs widened 6x")
     assert "a defect smaller than the job's own noise cannot be seen" in verdict.precision
 
 
@@ -77,12 +79,13 @@ def test_the_envelope_verdict_says_what_it_cannot_see(runner):
     ("script", "message"),
     [
         ("broken_no_rng_restore", r"(loss|rng) diverged at step 8 \(attempt 1, the first step after resuming"),
-        ("broken_no_scheduler_restore", r"lr diverged at step 9 .*LR scheduler"),
+        # a loss, a final tensor (in CI); an exact fingerprint, a missing step (the full run)
+        pytest.param("broken_no_scheduler_restore", r"lr diverged at step 9 .*LR scheduler", marks=FULL),
         (
             "broken_no_optimizer_restore",
             r"(?s)final weights differ .*optimizer.0.step.*optimizer.pt:state.0.step: 12.0 vs 4.0",
         ),
-        ("broken_step_off_by_one", r"step 8 is missing exactly where attempt 1 resumed"),
+        pytest.param("broken_step_off_by_one", r"step 8 is missing exactly where attempt 1 resumed", marks=FULL),
     ],
 )
 def test_resume_bugs_larger_than_the_noise_still_fail_under_envelope_mode(runner, script, message):
@@ -145,8 +148,8 @@ def test_bad_determinism_settings_are_named(table, message):
 
 
 @pytest.mark.unit
-def test_envelope_mode_measures_three_runs_unless_told():
-    assert JobSpec(name="a", command=("x",), exactness="envelope").uninterrupted_runs == 3
+def test_envelope_mode_measures_five_runs_unless_told():
+    assert JobSpec(name="a", command=("x",), exactness="envelope").uninterrupted_runs == 5
     assert JobSpec(name="a", command=("x",)).uninterrupted_runs == 1
     # envelope mode runs the job differently (its final tensors are saved): never the bit job's reference
     assert JobSpec(name="a", command=("x",), exactness="envelope").key() != JobSpec(name="a", command=("x",)).key()

@@ -40,6 +40,7 @@ def no_process_left(runner) -> list[int]:
     return left
 
 
+@pytest.mark.full  # CI's restart on ddp is the killed rank's; chained plans are the full run's (docs/ci.md)
 def test_chained_preemptions_resume_bit_exact_and_leave_no_rank_running(runner):
     """(One notice alone, the lost node and a truncated shard: scenarios/test_distributed.py and
     scenarios/test_lost_node.py run those plans on the same jobs.)"""
@@ -98,6 +99,7 @@ def test_broken_rank0_rng_is_named(runner):
     assert "drew from the same RNG state" in first, f"the most likely cause comes first: {first}"
 
 
+@pytest.mark.full  # CI names a per-rank defect with the rank-0 RNG; this one is the full run's (docs/ci.md)
 def test_broken_one_data_position_for_all_ranks_is_named(runner):
     with pytest.raises(ChaosFailure) as failure:
         runner.check(ddp_job("broken_ddp_one_position"), "sigterm@9")
@@ -116,6 +118,7 @@ def test_broken_drop_of_the_data_position_on_a_world_size_change_is_named(runner
         runner.check_reshard(ddp_job("broken_ddp_drops_position", nproc_per_node=4), resume_nproc=2)
 
 
+@pytest.mark.full  # 3 ranks on CI's 2 cores: the full run's (docs/ci.md)
 def test_whole_bucket_allreduce_from_3_ranks_is_named(runner):
     """Measured: with DDP's default all-reduce, 3 ranks resume with every loss equal and the final
     weights' last bits different; the verdict names the bucket order."""
@@ -140,6 +143,7 @@ def test_a_reshard_to_the_same_or_no_ranks_is_refused(runner):
         runner.check_reshard(ddp_job(), resume_nproc=0)
 
 
+@pytest.mark.full  # CI's broken reshard is the dropped data position; this one is the full run's (docs/ci.md)
 def test_a_job_that_cannot_resume_on_another_world_size_says_so_once(runner):
     job = ddp_job(nproc_per_node=4)
     job = replace(job, command=(*job.command, "--same-world-only"), name="ddp-same-world")

@@ -34,6 +34,7 @@ def failure_of(runner, job, plan: str) -> str:
     return str(failure.value)
 
 
+@pytest.mark.full  # CI names transformers' resume defects by the docs recipe and the rerun; this one is the full run's (docs/ci.md)
 def test_the_trainer_jit_checkpoint_is_caught_saving_half_a_step(runner):
     """The JIT checkpoint lands on the first hook 3 s after SIGTERM: inside a step (where a step
     spends its time) unless the timer happens to run out between two steps, so a few notices."""
@@ -112,6 +113,7 @@ def test_an_integration_outside_spotchaos_is_a_no_op(tmp_path):
     assert [p.name for p in (tmp_path / "accelerate-out").iterdir()] == []  # 3 steps: no checkpoint due
 
 
+@pytest.mark.full  # CI: the Lightning docs recipe's defect; this one is the full run's (docs/ci.md)
 def test_lightning_own_sigterm_checkpoint_at_an_epoch_end_is_named_as_the_cause(runner):
     """Lightning 2.6.6: the on-exception checkpoint of a notice on an epoch's last batch resumes into
     the wrong epoch (docs/frameworks.md); the correct job, saving its RNG, skipping what was trained

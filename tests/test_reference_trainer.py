@@ -34,13 +34,16 @@ def test_worker_processes_do_not_change_the_trajectory(runner):
     assert len(a.steps) == 16
 
 
+FULL = pytest.mark.full  # the full run's (pytest --spotchaos without -m): docs/ci.md
+
+
 @pytest.mark.parametrize(
     ("job", "plan"),
     [
-        (WORKERS0, "sigterm@3"),
+        pytest.param(WORKERS0, "sigterm@3", marks=FULL),  # CI: the same faults with loader workers
         (WORKERS2, "sigterm@6"),
         (WORKERS2, "sigterm-group@5"),
-        (WORKERS0, "sigkill@6"),
+        pytest.param(WORKERS0, "sigkill@6", marks=FULL),
         (WORKERS2, "sigkill@9"),
         (WORKERS2, "sigterm-group@2,sigkill@7,sigterm@12"),
         (PACED, "aws-notice@2,gcp-notice@6,azure-notice@9,alibaba-notice@12"),
