@@ -34,11 +34,13 @@ class TargetedFault(abc.ABC):
 
     def apply(self, handle: Handle) -> None:
         if not hasattr(handle, "kill_rank"):
-            raise JobError(f'{self.name} needs a torchrun job (launcher = "torchrun"): this job is one process')
+            raise JobError(
+                f'{self.name} needs a multi-rank job (launcher = "torchrun" or "ray-train"): this job is one process'
+            )
         self.deliver(handle)
 
     @abc.abstractmethod
-    def deliver(self, handle) -> None:  # a TorchrunHandle
+    def deliver(self, handle) -> None:  # a RankedHandle (spotchaos/ranked.py)
         """Do it to the target; each fault's own."""
 
 
