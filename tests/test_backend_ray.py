@@ -122,11 +122,19 @@ print(json.dumps({"shared_tmp": os.path.exists("/tmp/ray") and not shared_before
 """
 
 
-def test_nothing_of_a_local_cluster_is_left_once_it_closes():
+def test_nothing_of_a_local_cluster_is_left_once_it_closes(tmp_path):
     """In a process of its own (one Ray driver per process): every process of the cluster gone once
-    it closes, its folder removed, its head's port closed, nothing written to the machine's shared /tmp/ray."""
+    it closes, its folder removed, its head's port closed, nothing written to the machine's shared /tmp/ray.
+    Its home holds the token an earlier local ``ray.init()`` leaves (~/.ray/auth_token), with which Ray
+    2.60 turns on token authentication for ``ray start``: the cluster starts all the same, and the
+    token is left as it was."""
     become_subreaper()  # what the cluster's process might orphan would come here, and be seen alive
-    done = subprocess.run([sys.executable, "-c", OPEN_AND_CLOSE], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    token = tmp_path / ".ray" / "auth_token"
+    token.parent.mkdir()
+    token.write_text("f" * 64)
+    env = {**os.environ, "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", OPEN_AND_CLOSE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     opened, closed = (json.loads(line) for line in done.stdout.splitlines()[-2:])
     assert opened["daemons"] == 2 and opened["nodes"] == 1 and len(opened["pids"]) > 6, opened  # head, worker, theirs
@@ -134,6 +142,7 @@ def test_nothing_of_a_local_cluster_is_left_once_it_closes():
     assert not Path(opened["temp"]).exists() and not closed["shared_tmp"]
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", opened["gcs"]), timeout=5):
         pass  # the head's port is closed
+    assert token.read_text() == "f" * 64
 
 
 DIE_WITH_CLUSTER_OPEN = """

@@ -30,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,12 @@ from ...processes import carrying, descendants, describe, end, holding, start_ti
 
 # every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
 # closed port on 127.0.0.1 and fails)
+# The harness's own cluster answers on loopback only and lives for one session; Ray 2.60 turns on
+# token authentication for `ray start` as soon as ~/.ray/auth_token exists (any earlier local
+# `ray.init()` writes one), and the head's raylet then fails to join its own GCS. The cluster's
+# processes, the harness's client and its Ray Train drivers all run with it off, whatever the
+# user's home holds; the user's cluster (--spotchaos-ray-address) keeps its own settings.
+PRIVATE_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled"}
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -68,6 +75,21 @@ def import_ray() -> Any:
             os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         else:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment for a while (Ray reads them as it connects)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @dataclass
@@ -159,6 +181,11 @@ class RayCluster(abc.ABC):
     def gcs_address(self) -> str:
         """The head's GCS, host:port."""
 
+    def client_environment(self) -> dict[str, str]:
+        """What a process joining the cluster as a driver needs in its environment (a Ray Train
+        job's): nothing on the user's cluster, whose own settings hold."""
+        return {}
+
     def describe(self) -> dict[str, Any]:
         return {"local": self.local, "address": self.gcs_address, "nodes": [n.describe() for n in self.nodes.values()]}
 
@@ -226,13 +253,17 @@ class LocalRayCluster(RayCluster):
     def gcs_address(self) -> str:
         return f"127.0.0.1:{self._port}"
 
+    def client_environment(self) -> dict[str, str]:
+        return dict(PRIVATE_CLUSTER_ENV)
+
     @property
     def temp_dir(self) -> str | None:
         """The cluster's own folder (sessions, logs, sockets); gone once it is closed."""
         return self._temp_dir
 
     def _ray_start(self, name: str, args: list[str]) -> subprocess.Popen:
-        env = {**os.environ, **LOOPBACK_ENV, "RAY_TMPDIR": str(self._temp_dir), MARKER_VARIABLE: self._marker}
+        env = {**os.environ, **LOOPBACK_ENV, **PRIVATE_CLUSTER_ENV, "RAY_TMPDIR": str(self._temp_dir)}
+        env[MARKER_VARIABLE] = self._marker
         ray_cli = [sys.executable, "-m", "spotchaos.backends.raycluster.node_main"]  # loopback only: see there
         # each node's agents on ports of its own: Ray's fixed defaults would collide on one machine
         for option in (
@@ -260,7 +291,8 @@ class LocalRayCluster(RayCluster):
             if self._head is not None and self._head.poll() is not None:
                 raise BackendError(f"the local Ray head exited ({self._head.returncode}): {self._log_tail('head')}")
             try:
-                self.ray.init(address=self.gcs_address, log_to_driver=False, logging_level="ERROR")
+                with _environment(PRIVATE_CLUSTER_ENV):  # this client joins as the cluster's processes do
+                    self.ray.init(address=self.gcs_address, log_to_driver=False, logging_level="ERROR")
                 return
             except Exception as exc:  # the GCS is not up yet
                 if time.monotonic() > deadline:
