@@ -28,7 +28,8 @@ from .redact import secret_values
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")
 BACKENDS = ("subprocess", "ray")
-LAUNCHERS = ("python", "torchrun")
+LAUNCHERS = ("python", "torchrun", "ray-train")
+MULTI_RANK_LAUNCHERS = ("torchrun", "ray-train")
 FRAMEWORKS = ("transformers", "lightning", "accelerate")
 
 
@@ -77,7 +78,9 @@ class JobSpec:
     parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
     storage: str = "local"  # "s3": checkpoints go to s3://<fresh bucket>/ckpt on the harness's moto
     # "torchrun": the command runs under torchrun (TorchElastic), nproc_per_node ranks on each of
-    # nnodes "nodes" (agents on this machine, meeting at a c10d rendezvous on 127.0.0.1)
+    # nnodes "nodes" (agents on this machine, meeting at a c10d rendezvous on 127.0.0.1).
+    # "ray-train": the command is a Ray Train driver, run here against the session's Ray cluster;
+    # nproc_per_node is its number of Train workers (spotchaos/backends/raycluster/train.py)
     launcher: str = "python"
     nproc_per_node: int = 1
     nnodes: int = 1
@@ -197,6 +200,8 @@ class JobSpec:
                 f'{self.where("nproc_per_node")}: ranks need launcher = "torchrun" (one process per rank); '
                 "a plain python job is one rank"
             )
+        if self.launcher == "ray-train":
+            self._check_ray_train()
         if self.launcher == "torchrun" and self.container is not None:
             raise ConfigError(
                 f"{self.where('launcher')}: torchrun jobs run as local processes for now; a container's torchrun "
@@ -207,6 +212,28 @@ class JobSpec:
                 f"{self.where('log')}: a torchrun job reports per rank through the probe (RANK is read from torchrun); "
                 "the log adapter reads one process's output"
             )
+
+    def _check_ray_train(self) -> None:
+        """A Ray Train driver runs here and places its own workers: no container, one node's worth
+        of ranks (Ray decides the nodes), the probe's events, not a log."""
+        if self.container is not None or self.backend != "subprocess":
+            where = self.where("container" if self.container is not None else "backend")
+            raise ConfigError(
+                f"{where}: a Ray Train job's driver runs as a local process and Ray places its workers on the "
+                "cluster; leave out container and backend (--spotchaos-ray-address names the cluster)"
+            )
+        if self.nnodes != 1:
+            raise ConfigError(
+                f"{self.where('nnodes')}: a Ray Train job's workers are placed by Ray; give their number as "
+                "nproc_per_node (ScalingConfig's num_workers) and leave nnodes at 1"
+            )
+        if self.log is not None:
+            raise ConfigError(f"{self.where('log')}: a Ray Train job reports per rank through the probe")
+
+    @property
+    def multi_rank(self) -> bool:
+        """Whether its ranks are processes of their own that each report (torchrun, Ray Train)."""
+        return self.launcher in MULTI_RANK_LAUNCHERS
 
     @property
     def gpu_request(self) -> int | str | None:
@@ -253,8 +280,10 @@ class JobSpec:
         return {**needs, **declared}
 
     def on_backend(self, backend: str) -> JobSpec:
-        """This job on ``backend`` (--spotchaos-backend); a container job keeps its container."""
-        return self if self.container is not None or backend == self.backend else replace(self, backend=backend)
+        """This job on ``backend`` (--spotchaos-backend); a container job keeps its container, a Ray
+        Train job its local driver (its workers are on the cluster already)."""
+        keeps = self.container is not None or self.launcher == "ray-train"  # a Ray Train driver runs here
+        return self if keeps or backend == self.backend else replace(self, backend=backend)
 
     def in_image(self, image: str) -> JobSpec:
         """This job in a container of ``image`` (``--spotchaos-image``), keeping its own options."""

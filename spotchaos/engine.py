@@ -215,7 +215,7 @@ class _AttemptWatch:
                     f"job {self.job.name!r}: no line of its {self.job.log.stream} matched {self.job.log.where}.pattern "
                     f"{self.job.log.pattern!r} within {self.job.start_timeout_seconds:g} s (start_timeout_seconds)"
                 )
-            if now - self.started > self.job.start_timeout_seconds and self.job.launcher == "torchrun":
+            if now - self.started > self.job.start_timeout_seconds and self.job.multi_rank:
                 raise JobError(
                     f"job {self.job.name!r} never started: no rank reported an event within "
                     f"{self.job.start_timeout_seconds:g} s (start_timeout_seconds). A rank that never joins the "
@@ -228,7 +228,7 @@ class _AttemptWatch:
                     f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
                     f"(start_timeout_seconds). Does the trainer create a spotchaos.probe.Probe and call start()?"
                 )
-        elif self.job.launcher == "torchrun":  # silence is judged by whether ranks run, never by event_timeout
+        elif self.job.multi_rank:  # silence is judged by whether ranks run, never by event_timeout
             if now - self.last_event_at <= self._rank_silence_limit():
                 pass
             elif self.handle.ranks_alive():
@@ -313,7 +313,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
     unfired, not_reached = _unfired(plan, attempts)
-    if job.launcher == "torchrun":  # torchrun's agent restarted the worker group inside a launch
+    if job.multi_rank:  # torchrun's agent or Ray Train restarted the worker group inside a launch
         attempts = split_group_restarts(attempts)
     log.info("job %s, plan %s: %d attempt(s) in %.1f s", job.name, plan, len(attempts), time.monotonic() - started)
     return RunRecord(
@@ -476,7 +476,7 @@ def _run_attempt(
     else:
         reader = EventReader(events_path)
     try:
-        handle = torchrun.start(backend, job, spec, run_id) if job.launcher == "torchrun" else backend.start(spec)
+        handle = _start(backend, job, spec, run_id)
     except BaseException:  # never started: its temporary folder goes now, not with a cleanup that never runs
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -561,7 +561,7 @@ def _run_attempt(
         escaped=escaped,
         stdout_tail=_tail(spec.stdout_path),
         # torchrun's agent ends with a banner of its own: the ranks' exceptions are further up
-        stderr_tail=_tail(spec.stderr_path, TAIL_BYTES * (4 if job.launcher == "torchrun" else 1)),
+        stderr_tail=_tail(spec.stderr_path, TAIL_BYTES * (4 if job.multi_rank else 1)),
         gpus=lease.describe() if lease is not None else None,
         placement=getattr(handle, "placement", None),
     )
@@ -610,7 +610,7 @@ def _arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOption
         return None
     target = getattr(fault, "target", None)  # a rank's fault holds that rank; a node's, its first rank
     rank = 0 if target is None else target
-    if preemption.fault.startswith("lose-node"):
+    if preemption.fault.startswith("lose-node") and job.launcher == "torchrun":  # Ray Train's: rank r's node
         rank = target * job.nproc_per_node
     # the job's side gives up after half the silence the harness allows, so a hold never reads as a hang
     return Hold(folder / "hold", preemption.at_step, rank=rank, seconds=job.event_timeout_seconds / 2)
@@ -653,6 +653,17 @@ def _settle_landing(
         )
         end = hold.released_wall or fault.delivered_wall
         fault.held_seconds = max(0.0, end - step_t) if step_t is not None else None
+
+
+def _start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> Handle:
+    """One attempt started by its launcher: torchrun's agents, a Ray Train driver, else the command."""
+    if job.launcher == "torchrun":
+        return torchrun.start(backend, job, spec, run_id)
+    if job.launcher == "ray-train":
+        if not hasattr(backend, "start_job"):
+            raise JobError(f"{job.where('launcher')}: a Ray Train job needs the session's Ray cluster (spotchaos[ray])")
+        return backend.start_job(job, spec, run_id)
+    return backend.start(spec)
 
 
 def split_group_restarts(attempts: list[Attempt]) -> list[Attempt]:

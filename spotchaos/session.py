@@ -153,6 +153,10 @@ class SessionCore:
 
     def backend(self, job: JobSpec) -> Any:
         """The job's backend: its own container image, a Ray cluster, else None (a local process group)."""
+        if job.launcher == "ray-train":  # the driver here, its workers on the cluster
+            from .backends.raycluster.train import RayTrainBackend
+
+            return RayTrainBackend(self.ray_cluster())
         if job.backend == "ray":
             from .backends.raycluster import RayBackend
 
@@ -288,12 +292,18 @@ class SessionCore:
             verdict.failures.append(found.describe(latent=verdict.passed))
             verdict.passed = False
             verdict.state_difference = asdict(found)
-        if job.launcher == "torchrun":  # what only the other ranks show: their own trajectories, samples
-            torn = [
-                *published_without_metadata(record.attempts, record.workdir),
-                *published_before_ranks(record.attempts, record.workdir),
-            ]
+        if job.multi_rank:  # what only the other ranks show: their own trajectories, samples
+            torn = []
+            if job.launcher == "torchrun":  # torch.distributed.checkpoint's publication, by its files
+                torn = [
+                    *published_without_metadata(record.attempts, record.workdir),
+                    *published_before_ranks(record.attempts, record.workdir),
+                ]
             add_rank_verdicts(verdict, reference, record, torn)
+        if job.launcher == "ray-train":
+            from .backends.raycluster.train import explain
+
+            verdict.failures = [explain(failure) for failure in verdict.failures]
         leaked = self.leaks(job, record)
         if leaked:  # a job that prints its own secret fails every scenario, not only the storage ones
             verdict.failures.append(leaked)

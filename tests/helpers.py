@@ -99,3 +99,19 @@ def fresh_venv(where: Path, *requirements: str, env: dict, timeout: float = 1200
     )
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
     return python
+
+
+def no_process_left(runner) -> list[int]:
+    """Processes of this runner's jobs still alive: their events file lies in its working directory
+    (other test workers run jobs of their own meanwhile)."""
+    needle = f"SPOTCHAOS_EVENTS={runner.workdir}".encode()
+    left = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(item.startswith(needle) for item in environ):
+                left.append(int(entry.name))
+    return left

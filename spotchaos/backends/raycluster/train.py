@@ -1,0 +1,168 @@
+"""Ray Train jobs (``launcher = "ray-train"``): the driver a user writes runs here, its workers on
+the session's Ray cluster, and the faults reach them where a spot reclaim does.
+
+The driver is a local process group (the subprocess backend): ``sigkill`` ends it, and Ray ends
+the run's controller and workers with their owner, as when the machine running the driver goes.
+It connects to the cluster through ``RAY_ADDRESS``; the probe's variables reach its workers the way
+``ray job submit`` hands a driver its job's runtime environment (``RAY_JOB_CONFIG_JSON_ENV_VAR``,
+which ``ray.init`` merges with the driver's own), so the user's script needs no line for the gate.
+The workers report their ranks (Ray Train sets ``RANK``); the rank-level faults then reach the
+Train workers themselves: ``kill-rank<r>`` SIGKILLs one, ``lose-node<r>`` removes the Ray node that
+runs rank ``r`` (a local cluster starts a replacement). Ray Train answers both by restarting its
+worker group from the latest reported checkpoint (``FailureConfig``), inside the same attempt, which
+the engine splits into an attempt of its own, as for torchrun's group restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import replace
+
+from ...config import JobSpec
+from ...errors import JobError
+from ...processes import descendants
+from ...ranked import LaunchedNode, RankedHandle
+from ..base import Backend, LaunchSpec
+from ..subprocess import SubprocessBackend
+from .cluster import LOOPBACK_ENV, RayCluster, RayNode
+
+JOB_CONFIG_VARIABLE = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # how `ray job submit` gives a driver its runtime_env
+WORKER_PREFIXES = ("SPOTCHAOS_",)  # what the Train workers need of the attempt's environment
+
+
+def worker_environment(env: dict[str, str]) -> dict[str, str]:
+    """The variables of the attempt that its Train workers must see: the probe's contract."""
+    return {k: v for k, v in env.items() if k.startswith(WORKER_PREFIXES) or k == "PYTHONUNBUFFERED"}
+
+
+def driver_environment(env: dict[str, str], cluster: RayCluster) -> dict[str, str]:
+    """The driver's environment: the cluster to join (as the cluster's own processes do), loopback
+    only, and the job's runtime_env."""
+    job_config = {"runtime_env": {"env_vars": worker_environment(env)}}
+    joining = {"RAY_ADDRESS": cluster.gcs_address, JOB_CONFIG_VARIABLE: json.dumps(job_config)}
+    return {**env, **LOOPBACK_ENV, **cluster.client_environment(), **joining}
+
+
+class RayTrainBackend:
+    """Starts a Ray Train driver for each attempt, against ``cluster``."""
+
+    name = "ray-train"
+
+    def __init__(self, cluster: RayCluster, driver: Backend | None = None) -> None:
+        self.cluster = cluster
+        self.driver = driver or SubprocessBackend()
+
+    def inherited_environment(self) -> dict[str, str]:
+        return self.driver.inherited_environment()
+
+    def start(self, spec: LaunchSpec) -> RayTrainHandle:
+        raise JobError('a Ray Train driver is started by its job (launcher = "ray-train"): start_job')
+
+    def start_job(self, job: JobSpec, spec: LaunchSpec, run_id: str) -> RayTrainHandle:
+        own_cluster_singletons(self.cluster)
+        return RayTrainHandle(self, job, spec, run_id)
+
+
+def own_cluster_singletons(cluster: RayCluster) -> None:
+    """Make Ray Train's cluster-wide actor from the harness's own driver, before any job does.
+
+    The first run that schedules its workers creates a detached ``AutoscalingCoordinator`` actor
+    (ray.data's, in Ray 2.60.0; ``max_restarts=-1``) with the runtime environment of the job that
+    made it: that attempt's ``SPOTCHAOS_*`` variables (a storage secret too) would live on in it for
+    the cluster's life, and Ray starts it again whenever it is killed. Made here first, it carries
+    the harness's environment, none of a job's."""
+    if getattr(cluster, "train_singletons_owned", False):
+        return
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+    except ImportError:  # another Ray: nothing of the kind to make
+        return
+    get_or_create_autoscaling_coordinator()
+    cluster.train_singletons_owned = True
+
+
+class RayTrainHandle(RankedHandle):
+    """One attempt of a Ray Train job: its driver here, its workers wherever Ray placed them."""
+
+    launcher = "Ray Train"
+
+    def __init__(self, backend: RayTrainBackend, job: JobSpec, spec: LaunchSpec, run_id: str) -> None:
+        super().__init__(job, run_id)
+        self.cluster = backend.cluster
+        env = driver_environment(spec.env, self.cluster)
+        driver = backend.driver.start(replace(spec, env=env))
+        self.nodes.append(LaunchedNode(0, driver))
+        self.identity = {**getattr(driver, "identity", {})}
+        self.removed: list[str] = []
+        self.rank_nodes: dict[int, list[str]] = {}
+
+    def notify(self, signum: int, *, whole_group: bool) -> None:
+        """A notice reaches a Ray Train job as a drain of its workers' nodes (Train V2 hands it to the
+        loop as ``ray.train.get_preemption_info()``), not as a signal to its driver: not built yet."""
+        raise JobError(
+            f"job {self.job.name!r}: a notice ({signal.Signals(signum).name}) to a Ray Train job would be a drain "
+            "of its workers' nodes, which the gate does not deliver yet; plan sigkill (the driver and its run "
+            "gone), kill-rank<r> (one Train worker) or lose-node<r> (the node running rank r)"
+        )
+
+    def note_rank(self, rank: int, pid: object) -> None:
+        super().note_rank(rank, pid)
+        process = self.ranks.get(rank)
+        node = self._node_running(process.pid) if process is not None and process.pid == pid else None
+        ran_on = self.rank_nodes.setdefault(rank, [])
+        if node is not None and node.name not in ran_on[-1:]:
+            ran_on.append(node.name)  # where the report says it ran, group run by group run
+
+    def _node_running(self, pid: int) -> RayNode | None:
+        """The worker node whose process tree holds ``pid`` (a local cluster's nodes are process
+        trees of this machine; the user's are not, and hold nothing here)."""
+        for node in list(self.cluster.nodes.values()):
+            if any(pid in descendants(root) for root, _ in node.processes):
+                return node
+        return None
+
+    def node_of_rank(self, rank: int) -> RayNode:
+        process = self._live_rank(rank)
+        node = self._node_running(process.pid)
+        if node is None:
+            raise JobError(
+                f"job {self.job.name!r}: rank {rank} (pid {process.pid}) runs on no worker node of the cluster"
+            )
+        return node
+
+    def lose_node(self, index: int) -> None:
+        """``lose-node<r>``: the node that runs rank ``r`` removed, every process of it at once."""
+        if not self.cluster.local:
+            raise JobError(
+                f"job {self.job.name!r}: lose-node{index} removes a node, which only a local cluster of the "
+                "harness's may have done to it; on the user's cluster kill-rank reaches one worker"
+            )
+        node = self.node_of_rank(index)
+        what = self.cluster.remove(node)
+        self.removed.append(node.name)
+        self.delivery_note = f"Ray node {node.name} (rank {index}'s) lost: {what}"
+
+    @property
+    def placement(self) -> dict | None:
+        """The nodes each rank's worker ran on, in order (a group restart may move it), and which
+        nodes were removed."""
+        ranks = {str(rank): list(names) for rank, names in sorted(self.rank_nodes.items())}
+        return {"backend": "ray-train", "ranks": ranks, "removed": list(self.removed)}
+
+
+LOST_SILENTLY = "work was lost silently"
+UNREGISTERED = (
+    "; hint: Ray Train restarted from an earlier checkpoint than the job called durable: ray.train.report "
+    "returns once the folder is in storage, but the controller registers the checkpoint at its next poll of "
+    "the workers (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s), and only a registered one is restored; call it "
+    "durable once the run's checkpoint_manager_snapshot.json names it (docs/ray.md)"
+)
+
+
+def explain(failure: str) -> str:
+    """A verdict's failure with what it means for a Ray Train job, where Ray Train's own behaviour
+    is the likely cause."""
+    return failure + UNREGISTERED if failure.endswith(LOST_SILENTLY) else failure

@@ -1,0 +1,130 @@
+"""Ray Train jobs (``launcher = "ray-train"``) on a real Ray cluster on this machine: a head and two
+worker nodes of one CPU, a ``TorchTrainer`` of two workers with ``FailureConfig``, its driver run
+by the harness. A lost worker node and a killed worker are restored by Ray Train itself, inside
+the attempt; a killed driver by the run's snapshot in the next one; each judged bit-exact.
+
+CI runs a lost node on the correct job and on the job that calls a checkpoint durable too early;
+the rest is the full run's (docs/ci.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+from spotchaos.backends.raycluster import LocalRayCluster
+from spotchaos.backends.raycluster.train import JOB_CONFIG_VARIABLE, driver_environment, explain
+from spotchaos.config import ConfigError, load_settings
+from spotchaos.container import ContainerSpec
+from spotchaos.errors import JobError
+from spotchaos.families.preemption import ChaosFailure
+from spotchaos.logadapter import LogSpec
+from spotchaos.plan import Plan
+from spotchaos.processes import describe
+from spotchaos.record import ScenarioRecord
+from spotchaos.runner import ChaosRunner
+
+from .helpers import FIXTURES, ROOT, no_process_left
+
+TRAIN_JOB = next(job for job in load_settings(ROOT / "pyproject.toml").jobs if job.name == "ray-train")
+
+
+def train_job(script: str = "ray_train_trainer"):
+    command = ("python", str(FIXTURES / f"{script}.py"), *TRAIN_JOB.command[2:])
+    return replace(TRAIN_JOB, command=command, name=script.replace("_", "-"))
+
+
+@pytest.fixture(scope="module")
+def train_runner(tmp_path_factory):
+    """One session on one local cluster for the module: two worker nodes of one CPU, so each Train
+    worker (one CPU) runs on a node of its own."""
+    runs = tmp_path_factory.mktemp("ray-train-runs")
+    with LocalRayCluster(workers=2, cpus=1) as cluster, ChaosRunner(ROOT, workdir=runs) as runner:
+        runner.use_ray_cluster(cluster)
+        yield runner
+
+
+def test_a_lost_worker_node_is_restored_by_ray_train_bit_exact(train_runner):
+    """The node running rank 1 removed after step 6: Ray Train restarts its worker group from the
+    latest registered checkpoint (after step 3) on the replacement node, inside the same attempt."""
+    record = ScenarioRecord("ray-train", TRAIN_JOB.name, None)
+    verdict = train_runner.check(TRAIN_JOB, "lose-node1@6", record)
+    assert verdict.passed, verdict.message()
+    run = record.runs[-1]
+    assert [fault["fault"] for fault in run["faults"]] == ["lose-node1"]
+    placement = run["nodes"][0]  # one launch: the driver's, with both group runs
+    assert placement["backend"] == "ray-train" and len(placement["removed"]) == 1, placement
+    (removed,) = placement["removed"]
+    assert placement["ranks"]["1"][0] == removed, placement  # rank 1's node went
+    assert removed not in placement["ranks"]["1"][1:] + placement["ranks"]["0"][1:], placement  # none went back
+    left = no_process_left(train_runner)
+    assert not left, [describe(pid) for pid in left]
+
+
+@pytest.mark.full  # CI gates the correct job's lost node; this verdict is the full run's
+def test_a_checkpoint_called_durable_when_report_returns_is_named(train_runner):
+    with pytest.raises(ChaosFailure) as failure:
+        train_runner.check(train_job("broken_ray_train_durable_on_report"), "lose-node1@6")
+    text = str(failure.value)
+    assert re.search(r"resumed after step -?\d+ although a checkpoint after step \d+ was durable", text), text
+    assert "work was lost silently" in text, text
+    assert "ray.train.report returns once the folder is in storage, but the controller registers" in text, text
+
+
+@pytest.mark.full
+def test_the_driver_killed_resumes_from_the_runs_snapshot(train_runner):
+    run, verdict = train_runner.run(TRAIN_JOB, Plan.parse("sigkill@6"))
+    assert verdict.passed, verdict.message()
+    assert len(run.attempts) == 2 and run.attempts[0].exit_code == -9
+    assert run.attempts[1].of_rank("resume")[0]["from_step"] == 3
+
+
+@pytest.mark.full
+def test_a_killed_train_worker_restarts_the_group_bit_exact(train_runner):
+    verdict = train_runner.check(TRAIN_JOB, "kill-rank1@9")
+    assert verdict.passed, verdict.message()
+
+
+@pytest.mark.full
+def test_a_restore_that_skips_the_data_position_is_named(train_runner):
+    with pytest.raises(ChaosFailure, match=r"the batch differs: data order or position in the epoch not restored"):
+        train_runner.check(train_job("broken_ray_train_data_position"), "kill-rank1@9")
+
+
+@pytest.mark.full
+def test_a_notice_to_a_ray_train_job_is_one_clear_error(train_runner):
+    with pytest.raises(JobError, match=r"a notice \(SIGTERM\) to a Ray Train job would be a drain"):
+        train_runner.check(TRAIN_JOB, "sigterm@3")
+    assert not no_process_left(train_runner)
+
+
+@pytest.mark.unit
+def test_the_driver_joins_the_cluster_and_hands_its_workers_the_probes_variables_only():
+    cluster = LocalRayCluster(workers=1)  # not started: its address and environment are known already
+    env = driver_environment({"SPOTCHAOS_EVENTS": "/e", "AWS_SECRET_ACCESS_KEY": "s", "PATH": "/bin"}, cluster)
+    assert env["RAY_ADDRESS"] == cluster.gcs_address and env["RAY_AUTH_MODE"] == "disabled"
+    assert json.loads(env[JOB_CONFIG_VARIABLE]) == {"runtime_env": {"env_vars": {"SPOTCHAOS_EVENTS": "/e"}}}
+    assert env["PATH"] == "/bin" and env["no_proxy"] == "127.0.0.1,localhost"
+    assert explain("x: work was lost silently").endswith("(docs/ray.md)") and explain("other") == "other"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"container": ContainerSpec(image="img")}, r"container: a Ray Train job's driver runs as a local process"),
+        ({"backend": "ray"}, r"backend: a Ray Train job's driver runs as a local process"),
+        ({"nnodes": 2}, r"nnodes: a Ray Train job's workers are placed by Ray"),
+        ({"log": LogSpec(pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)")}, r"log: a Ray Train job reports per rank"),
+    ],
+)
+def test_a_ray_train_job_refuses_what_its_driver_cannot_be(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        replace(TRAIN_JOB, **changes)
+
+
+@pytest.mark.unit
+def test_a_ray_train_job_keeps_its_local_driver_under_another_backend():
+    assert TRAIN_JOB.on_backend("ray") is TRAIN_JOB and TRAIN_JOB.multi_rank and TRAIN_JOB.world_size == 2
