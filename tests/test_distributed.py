@@ -3,9 +3,7 @@ and each broken distributed trainer fails for its own reason. Real torchrun, rea
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +12,7 @@ from spotchaos.errors import ConfigError, JobError
 from spotchaos.plan import Plan
 from spotchaos.runner import ChaosFailure
 
-from .helpers import FIXTURES, ROOT
+from .helpers import FIXTURES, ROOT, no_process_left
 
 
 def ddp_job(script: str = "ddp_trainer", name: str = "ddp", **changes) -> JobSpec:
@@ -22,22 +20,6 @@ def ddp_job(script: str = "ddp_trainer", name: str = "ddp", **changes) -> JobSpe
     job = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == name)
     command = ("python", str(FIXTURES / f"{script}.py"), *job.command[2:])
     return replace(job, command=command, name=f"{name}-{script}".replace("_", "-")[:60], **changes)
-
-
-def no_process_left(runner) -> list[int]:
-    """Processes of this runner's jobs still alive: their events file lies in its working directory
-    (other test workers run jobs of their own meanwhile)."""
-    needle = f"SPOTCHAOS_EVENTS={runner.workdir}".encode()
-    left = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(item.startswith(needle) for item in environ):
-                left.append(int(entry.name))
-    return left
 
 
 @pytest.mark.full  # CI's restart on ddp is the killed rank's; chained plans are the full run's (docs/ci.md)
@@ -67,6 +49,7 @@ def test_a_hung_rank_is_named_within_the_timeout_and_the_restart_resumes(runner)
     assert "rank 1 (pid" in fault.detail and "is stopped (SIGSTOP)" in fault.detail, fault.detail
 
 
+@pytest.mark.full  # CI names a torn DCP publication by the early manifest; the search is the full run's
 def test_a_checkpoint_published_before_every_rank_wrote_its_files_is_found_and_named(runner):
     """The crash a hand-picked shard crash point misses: rank 1 killed before its own last file of
     a save, which rank 0 publishes without waiting for. The explored crash points find it (the
@@ -113,6 +96,7 @@ def test_broken_early_manifest_is_named(runner):
         runner.check_shard_crash(ddp_job("broken_ddp_early_manifest"), rank=1)
 
 
+@pytest.mark.full  # CI runs the reshard on the correct job; the broken one is the full run's
 def test_broken_drop_of_the_data_position_on_a_world_size_change_is_named(runner):
     with pytest.raises(ChaosFailure, match=r"sample\(s\) of epoch 1 were trained on more than once across the resume"):
         runner.check_reshard(ddp_job("broken_ddp_drops_position", nproc_per_node=4), resume_nproc=2)

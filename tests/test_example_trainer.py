@@ -27,11 +27,13 @@ def test_the_example_trainer_passes_the_built_in_preemption_and_damage_scenarios
         "--spotchaos",
         "--spotchaos-examples=1",
         "-k",
-        "not crash_while_loading and not chained",  # the two longest, nothing the example does differently there
+        # a notice and a crash inside a save: what the example's own code does (its SIGTERM handler,
+        # its atomic save); the other scenarios judge what the reference trainer's tests judge
+        "notice_then_resume or crash_inside",
         *scenarios,
     )
     assert result.returncode == 0, result.stdout[-4000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["summary"]["scenarios"] == 4 and report["summary"]["failed"] == 0, report["summary"]
+    assert report["summary"]["scenarios"] == 2 and report["summary"]["failed"] == 0, report["summary"]
     faults = {f["fault"] for s in report["scenarios"] for r in s["runs"] for f in r["faults"]}
-    assert {"sigterm", "sigkill", "crash"} <= faults, faults
+    assert {"sigterm", "crash"} <= faults, faults

@@ -34,7 +34,7 @@ def failure_of(runner, job, plan: str) -> str:
     return str(failure.value)
 
 
-@pytest.mark.full  # CI names transformers' resume defects by the docs recipe and the rerun; this one is the full run's (docs/ci.md)
+@pytest.mark.full  # CI names transformers' defects by the docs recipe and the rerun; this is the full run's
 def test_the_trainer_jit_checkpoint_is_caught_saving_half_a_step(runner):
     """The JIT checkpoint lands on the first hook 3 s after SIGTERM: inside a step (where a step
     spends its time) unless the timer happens to run out between two steps, so a few notices."""

@@ -43,6 +43,7 @@ def test_plans_run_two_at_a_time_and_the_search_decides_as_it_would_one_at_a_tim
     assert "parallel" not in serial.figures
 
 
+@pytest.mark.full  # CI: the parallel search decides as the serial one; its shrink is the full run's
 def test_a_failure_found_in_parallel_shrinks_to_the_plan_the_serial_search_finds(runner):
     job = trainer("broken_no_rng_restore")
     serial, serial_plan = search(runner, job, parallel=1, examples=2)
