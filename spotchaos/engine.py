@@ -149,9 +149,12 @@ class _AttemptWatch:
             self.first_event_at = now
         self.last_event_at = now
         ranks = getattr(self.handle, "note_event", None)  # a torchrun job: which rank said what, and when
+        # the held rank's steps time the plan's fault (rank 0's when none is held): delivered as it
+        # holds, never while it runs on, released by a fault that came first for another rank's step
+        timing = self.hold.rank if self.hold is not None else 0
         for event in new:
             rank = event.get("rank", 0)
-            if event["event"] == "step" and rank == 0:  # rank 0's steps time the plan's faults
+            if event["event"] == "step" and rank == timing:
                 self.last_step = event["step"]
             elif event["event"] == "notice" and self.hold is not None and rank == self.hold.rank:
                 self.release_by = now  # the held rank has the forwarded notice: it may go on

@@ -116,6 +116,7 @@ class RayCluster(abc.ABC):
         self.nodes: dict[str, RayNode] = {}
         self._changed = threading.Condition()
         self.local = False
+        self.train_singletons_owned = False  # Ray Train's cluster-wide actor made by the harness (train.py)
 
     # -- placement -------------------------------------------------------------------------
     def take_node(self, needs: dict[str, float], avoid: str | None, timeout: float) -> RayNode:

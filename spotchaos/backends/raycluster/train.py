@@ -72,7 +72,7 @@ def own_cluster_singletons(cluster: RayCluster) -> None:
     made it: that attempt's ``SPOTCHAOS_*`` variables (a storage secret too) would live on in it for
     the cluster's life, and Ray starts it again whenever it is killed. Made here first, it carries
     the harness's environment, none of a job's."""
-    if getattr(cluster, "train_singletons_owned", False):
+    if cluster.train_singletons_owned:
         return
     try:
         from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
