@@ -229,6 +229,11 @@ class JobSpec:
             )
         if self.log is not None:
             raise ConfigError(f"{self.where('log')}: a Ray Train job reports per rank through the probe")
+        if self.storage != "local":
+            raise ConfigError(
+                f"{self.where('storage')}: a Ray Train job's checkpoints are its run's storage_path on a folder "
+                "every node sees; the harness's S3 credentials are not handed to Train workers"
+            )
 
     @property
     def multi_rank(self) -> bool:

@@ -118,6 +118,7 @@ def test_the_driver_joins_the_cluster_and_hands_its_workers_the_probes_variables
         ({"backend": "ray"}, r"backend: a Ray Train job's driver runs as a local process"),
         ({"nnodes": 2}, r"nnodes: a Ray Train job's workers are placed by Ray"),
         ({"log": LogSpec(pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)")}, r"log: a Ray Train job reports per rank"),
+        ({"storage": "s3"}, r"storage: a Ray Train job's checkpoints are its run's storage_path"),
     ],
 )
 def test_a_ray_train_job_refuses_what_its_driver_cannot_be(changes, message):

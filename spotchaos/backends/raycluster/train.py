@@ -69,8 +69,8 @@ def own_cluster_singletons(cluster: RayCluster) -> None:
 
     The first run that schedules its workers creates a detached ``AutoscalingCoordinator`` actor
     (ray.data's, in Ray 2.60.0; ``max_restarts=-1``) with the runtime environment of the job that
-    made it: that attempt's ``SPOTCHAOS_*`` variables (a storage secret too) would live on in it for
-    the cluster's life, and Ray starts it again whenever it is killed. Made here first, it carries
+    made it: that attempt's ``SPOTCHAOS_*`` variables (its run's marker, its events file) would live
+    on in it for the cluster's life, and Ray starts it again whenever it is killed. Made here first, it carries
     the harness's environment, none of a job's."""
     if cluster.train_singletons_owned:
         return
