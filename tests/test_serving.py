@@ -51,8 +51,11 @@ def service(name: str = "model", script: str = "serve_model", *args: str, **chan
 def test_the_reference_service_drains_with_nothing_lost(runner, name, channel):
     figures = runner.check_drain(service(name, channel=channel))
     assert figures["failed"] == 0 and not figures["killed"], figures
-    in_flight = figures["in_flight_at_notice"]  # one sent just before the notice may meet the drain: a 503
-    assert set(in_flight) <= {"ok", "unavailable"} and sum(in_flight.values()) == 8 and in_flight["ok"] >= 4, figures
+    # what was sent before the notice and not yet taken in may meet the drain: a 503 the balancer
+    # retries (6 of 8 once, on a loaded CI runner with a metadata notice); never a failure, and never
+    # all of them (a service that refuses what it holds drops it: broken_serve_drops_inflight)
+    in_flight = figures["in_flight_at_notice"]
+    assert set(in_flight) <= {"ok", "unavailable"} and sum(in_flight.values()) == 8 and in_flight["ok"] >= 1, figures
     assert figures["drain_seconds"] < 6 - 0.5 and figures["steady_p50"] > 0, figures
     assert set(figures["after_notice"]) <= {"refused", "unavailable", "ok"}, figures
 
