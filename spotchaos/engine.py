@@ -123,6 +123,7 @@ class _AttemptWatch:
         self.last_step: int | None = None
         self.fault: FaultRecord | None = None
         self.delivered_at: float | None = None
+        self.reclaimed = False  # the grace window's end took the nodes of a job that runs on (Ray Train)
         self.exit_code: int | None = None
 
     def run(self) -> None:
@@ -189,9 +190,9 @@ class _AttemptWatch:
             grace_seconds=self.job.grace_seconds if fault.graceful else None,
             detail=getattr(self.handle, "delivery_note", ""),  # what the notice met on its way in
         )
-        if self.hold is not None:
-            forwarded = fault.graceful and self.job.launcher == "torchrun"  # the agent passes it on, later
-            self.release_by = now + min(5.0, float(self.job.grace_seconds or 30.0) / 2) if forwarded else now
+        if self.hold is not None:  # a notice a launcher passes on (torchrun's agent, Ray Train's watcher) comes later
+            lag = getattr(self.handle, "notice_lag_seconds", 0.0) if fault.graceful else 0.0
+            self.release_by = now + min(lag, float(self.job.grace_seconds or 30.0) / 2)
             self._maybe_release(now)
 
     def _maybe_release(self, now: float) -> None:
@@ -205,12 +206,11 @@ class _AttemptWatch:
         if self.fault is not None and self.delivered_at is not None:
             fault = PREEMPTIONS[self.fault.fault]
             if self.fault.grace_seconds is not None and now - self.delivered_at > self.fault.grace_seconds:
-                self.fault.grace_exceeded = True
-                self.handle.kill()  # the grace window is over: the provider pulls the plug
+                self._grace_over()
             if getattr(fault, "hangs", False):
                 self._detect_hang(now)
                 return
-            if not getattr(fault, "continues", False):
+            if not getattr(fault, "continues", False) and not self.reclaimed:
                 return  # the job is being preempted: the grace window, not hang detection, applies
         if self.first_event_at is None:
             if now - self.started > self.job.start_timeout_seconds and self.job.log is not None:
@@ -240,10 +240,14 @@ class _AttemptWatch:
                     f"step {self.last_step} (hang_timeout_seconds): {self.handle.describe_hang()}"
                 )
             else:
-                raise JobError(
-                    f"job {self.job.name!r}: its torchrun agent started no rank for "
-                    f"{self.job.start_timeout_seconds:g} s after step {self.last_step} (start_timeout_seconds): "
+                why = (
                     "does its group restart fail to rendezvous?"
+                    if self.job.launcher == "torchrun"
+                    else "can the cluster place its ScalingConfig's workers again (its controller's log below)?"
+                )
+                raise JobError(
+                    f"job {self.job.name!r}: {getattr(self.handle, 'launcher', 'its launcher')} started no rank for "
+                    f"{self.job.start_timeout_seconds:g} s after step {self.last_step} (start_timeout_seconds): {why}"
                 )
         elif now - self.last_event_at > self.job.event_timeout_seconds:
             where = f"after step {self.last_step}" if self.last_step is not None else "after its start event"
@@ -253,6 +257,20 @@ class _AttemptWatch:
             raise JobError(
                 f"job {self.job.name!r} ran past attempt_timeout_seconds ({self.job.attempt_timeout_seconds:g} s)"
             )
+
+    def _grace_over(self) -> None:
+        """The grace window is over: the provider pulls the plug. A job that was to exit by now is
+        SIGKILLed; one whose launcher outlives its nodes (a Ray Train driver, whose workers' nodes
+        were drained) loses the nodes and runs on, and the watch goes on as after any other fault
+        the job survives."""
+        reclaim = getattr(self.handle, "reclaim", None)
+        if reclaim is None:
+            assert self.fault is not None
+            self.fault.grace_exceeded = True
+            self.handle.kill()
+        elif not self.reclaimed:
+            self.reclaimed = True
+            reclaim()
 
     def _rank_silence_limit(self) -> float:
         """How long a torchrun job may be silent: hang_timeout_seconds while ranks run; while none
@@ -313,6 +331,8 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
             continue
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
+        if job.launcher == "ray-train" and attempt.exit_code == 0:
+            break  # Ray Train called the run finished (its train function returned): nothing starts it again
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
     unfired, not_reached = _unfired(plan, attempts)
@@ -571,6 +591,8 @@ def _run_attempt(
     if job.launcher == "torchrun" and watch.fault is not None:
         attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)
         attempt.launcher_killed = torchrun.killed_workers(attempt.stderr_tail)
+    if watch.reclaimed:  # Ray Train's group ended with its nodes at the deadline: its checkpoint says how
+        attempt.launcher_signalled = True
     if job.exactness == "envelope" and attempt.final is not None:
         final_file = reader.final_path() if isinstance(reader, LogEventReader) else folder / FINAL_TENSORS
         attempt.final_tensors = str(final_file) if final_file is not None else None

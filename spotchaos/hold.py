@@ -23,6 +23,7 @@ from pathlib import Path
 from .probe import ENV_HOLD_AT, ENV_HOLD_DIR, ENV_HOLD_RANK, ENV_HOLD_SECONDS, HOLD_HELD, HOLD_RELEASE
 
 ANNOUNCE_BYTES = 256  # what one poll reads of the job's announcements, at most
+LATER_HOLDS = 64  # holds a release lets go at once: the held process's, then any restarted one's
 # the in-process hook of an unmodified script: the pattern its step lines match, the printed
 # number of the planned step, the stream, and a pattern whose lines are no step (a rollback)
 ENV_HOLD_PATTERN = "SPOTCHAOS_HOLD_PATTERN"
@@ -84,11 +85,14 @@ class Hold:
         return self.held_step
 
     def release(self) -> None:
-        """Let the job go on: its fault is delivered. Once; a byte nobody reads is harmless."""
+        """Let the job go on: its fault is delivered. Once, with a byte for every later hold of the
+        attempt too: a worker group its launcher restarted after the fault (Ray Train's, whose
+        workers cannot tell a restart) reaches the step again and must not wait. Bytes nobody
+        reads are harmless."""
         if self.released_wall is None and self._fds:
             self.poll()
             with contextlib.suppress(BlockingIOError, OSError):
-                os.write(self._release, b"\x01")
+                os.write(self._release, b"\x01" * LATER_HOLDS)
             self.released_wall = time.time()
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ class RankedHandle(abc.ABC):
     """Every process a launcher started for one attempt (``nodes``) and every rank they run."""
 
     launcher = ""  # for messages: what started the ranks
+    notice_lag_seconds = 0.0  # how long a notice takes to reach the ranks (a held rank waits for it)
 
     def __init__(self, job: JobSpec, run_id: str) -> None:
         self.job = job

@@ -303,7 +303,9 @@ class SessionCore:
         if job.launcher == "ray-train":
             from .backends.raycluster.train import explain
 
-            verdict.failures = [explain(failure) for failure in verdict.failures]
+            explained = explain(verdict.failures, record)
+            verdict.passed = verdict.passed and len(explained) == len(verdict.failures)
+            verdict.failures = explained
         leaked = self.leaks(job, record)
         if leaked:  # a job that prints its own secret fails every scenario, not only the storage ones
             verdict.failures.append(leaked)

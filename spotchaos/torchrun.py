@@ -77,6 +77,7 @@ class TorchrunHandle(RankedHandle):
     """Every agent of one attempt (one per node) and every rank they start, as one handle."""
 
     launcher = "torchrun"
+    notice_lag_seconds = 5.0  # the agent forwards a SIGTERM to its ranks: a held rank waits this long for it
 
     def __init__(self, backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> None:
         super().__init__(job, run_id)

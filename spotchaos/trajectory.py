@@ -63,7 +63,8 @@ class Attempt:
     failed_restart: str | None = None  # a restart that exited non-zero before training: why, as far as seen
     final_tensors: str | None = None  # envelope mode: the file holding its final weights' values
     # torchrun jobs: the launch this attempt belongs to and which run of its worker group it is
-    # (the agent restarts the group when a rank dies); whether the agent exited because of the notice
+    # (the agent restarts the group when a rank dies); whether the launcher ended the group because
+    # of the notice (torchrun's agent exits 1; Ray Train's group goes with its nodes at the deadline)
     launch: int | None = None
     group_restart: int = 0
     launcher_signalled: bool = False

@@ -288,6 +288,13 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
             f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, so it "
             "was SIGKILLed — does the trainer handle SIGTERM (checkpoint, then exit 0)?"
         )
+    newest = [e["step"] for e in attempt.of_kind("checkpoint")]
+    if g.exit_code is None:  # the launcher ran on and restarted the group (Ray Train, at the deadline)
+        return (
+            f"no checkpoint at or after step {g.signal_step} after {signal} before the grace window's end took "
+            f"the group's nodes (its newest checkpoint: {max(newest) if newest else 'none'}): every step since "
+            "was trained again"
+        )
     if g.exit_code != 0:
         return (
             f"the job exited with status {g.exit_code} {g.exit_seconds or 0:.2f} s after {signal} instead of "
@@ -298,7 +305,6 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
                 else ""
             )
         )
-    newest = [e["step"] for e in attempt.of_kind("checkpoint")]
     return (
         f"no checkpoint at or after step {g.signal_step} after {signal}; it exited 0 "
         f"(newest checkpoint of that attempt: {max(newest) if newest else 'none'})"

@@ -131,6 +131,10 @@ def test_the_probe_waits_after_the_planned_step_until_released(tmp_path):
         past = float(child.stdout.readline().split()[2])
         assert past >= released
         assert child.wait(20) == 0
+        # a worker group its launcher restarted after the fault (Ray Train's) reaches the step again
+        started = time.monotonic()
+        again = _child(hold.folder, 30)
+        assert again.wait(20) == 0 and time.monotonic() - started < 15, "a restarted process waited again"
     finally:
         child.kill()
         hold.close()

@@ -18,13 +18,13 @@ from spotchaos.backends.raycluster import LocalRayCluster
 from spotchaos.backends.raycluster.train import JOB_CONFIG_VARIABLE, driver_environment, explain
 from spotchaos.config import ConfigError, load_settings
 from spotchaos.container import ContainerSpec
-from spotchaos.errors import JobError
 from spotchaos.families.preemption import ChaosFailure
 from spotchaos.logadapter import LogSpec
 from spotchaos.plan import Plan
 from spotchaos.processes import describe
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosRunner
+from spotchaos.trajectory import RunRecord
 
 from .helpers import FIXTURES, ROOT, no_process_left
 
@@ -93,10 +93,52 @@ def test_a_restore_that_skips_the_data_position_is_named(train_runner):
         train_runner.check(train_job("broken_ray_train_data_position"), "kill-rank1@9")
 
 
+def notice_job(script: str = "ray_train_trainer"):
+    """The job with steps that outlast a notice: 16 of half a second, checkpointed only after the
+    last, a grace window of 10 s (the watcher's 5 s poll, then some 8 steps before the deadline):
+    only a checkpoint the notice prompted keeps the steps before it."""
+    command = (*train_job(script).command[:2], "--steps", "16", "--checkpoint-every", "16", "--step-seconds", "0.5")
+    return replace(train_job(script), command=command, grace_seconds=10)
+
+
+def test_a_drain_notice_gets_a_just_in_time_checkpoint_and_ray_train_restores_it(train_runner):
+    """sigterm on a Ray Train job: both workers' nodes drained for preemption (deadline 10 s); the
+    loop reads it from ray.train.get_preemption_info(), reports a checkpoint and trains on; at the
+    deadline the nodes go, and Ray Train restarts the group from that checkpoint on their
+    replacements, inside the same attempt, bit-exact."""
+    run, verdict = train_runner.run(notice_job(), Plan.parse("sigterm@2"))
+    assert verdict.passed, verdict.message()
+    first, second = run.attempts[:2]
+    fault = first.fault
+    assert fault.fault == "sigterm" and fault.held and not fault.grace_exceeded, fault
+    assert "drained: drain accepted" in fault.detail and "deadline in 10 s" in fault.detail, fault
+    assert first.launch == second.launch == 0 and second.group_restart == 1, (first.launch, second.launch)
+    assert first.of_kind("notice"), "the loop never reported the notice"
+    (grace,) = verdict.grace
+    assert grace.ok and grace.checkpoint_step == 2, grace
+    (resume,) = [e for e in second.of_kind("resume") if e.get("rank") == 0]
+    assert resume["from_step"] == 2, resume  # the just-in-time checkpoint (no periodic one before the last)
+    assert len(first.placement["removed"]) == 2, first.placement  # both workers' nodes, at the deadline
+    assert not no_process_left(train_runner)
+
+
+@pytest.mark.full  # CI gates the correct job's notice; the broken ones are the full run's
+def test_a_loop_that_never_reads_the_notice_is_named(train_runner):
+    with pytest.raises(ChaosFailure) as failure:
+        train_runner.check(notice_job("broken_ray_train_ignores_notice"), "sigterm@2")
+    text = str(failure.value)
+    assert "no checkpoint at or after step 2 after sigterm after step 2 (attempt 0) before the grace" in text, text
+    assert "ask it every step" in text, text
+
+
 @pytest.mark.full
-def test_a_notice_to_a_ray_train_job_is_one_clear_error(train_runner):
-    with pytest.raises(JobError, match=r"a notice \(SIGTERM\) to a Ray Train job would be a drain"):
-        train_runner.check(TRAIN_JOB, "sigterm@3")
+def test_a_loop_that_returns_on_the_notice_is_named(train_runner):
+    with pytest.raises(ChaosFailure) as failure:
+        train_runner.check(notice_job("broken_ray_train_returns_on_notice"), "sigterm@2")
+    text = str(failure.value)
+    ended = r"the run ended as finished after step 2, [\d.]+ s after the drain notice of attempt 0"
+    assert re.search(ended, text), text
+    assert "never ran after the preemptions: 3-15" in text, text
     assert not no_process_left(train_runner)
 
 
@@ -107,7 +149,9 @@ def test_the_driver_joins_the_cluster_and_hands_its_workers_the_probes_variables
     assert env["RAY_ADDRESS"] == cluster.gcs_address and env["RAY_AUTH_MODE"] == "disabled"
     assert json.loads(env[JOB_CONFIG_VARIABLE]) == {"runtime_env": {"env_vars": {"SPOTCHAOS_EVENTS": "/e"}}}
     assert env["PATH"] == "/bin" and env["no_proxy"] == "127.0.0.1,localhost"
-    assert explain("x: work was lost silently").endswith("(docs/ray.md)") and explain("other") == "other"
+    run = RunRecord(job="j", plan="p", attempts=[], wall_seconds=0.0, workdir="")
+    assert explain(["x: work was lost silently"], run)[0].endswith("(docs/ray.md)")
+    assert explain(["other"], run) == ["other"]
 
 
 @pytest.mark.unit

@@ -208,6 +208,7 @@ class LocalRayCluster(RayCluster):
         self.replaced = 0
         self.replace_errors: list[str] = []
         self._replacing: list[threading.Thread] = []
+        self._launching = threading.Lock()  # one replacement node starting at a time (see _replace)
         self._live = LiveJobs()
         self._killed: list[int] = []
         self._live_entry: Any = None
@@ -309,10 +310,17 @@ class LocalRayCluster(RayCluster):
 
     def _start_worker(self) -> tuple[str, str]:
         """Start one more worker node; it is placed on once it has joined (:meth:`_register`)."""
+        name, marker = self._next_worker()
+        self._launch_worker(name, marker)
+        return name, marker
+
+    def _next_worker(self) -> tuple[str, str]:
         with self._changed:  # removals in parallel plans start replacements from several threads
             self._serial += 1
             name = f"worker-{self._serial}"
-        marker = f"spotchaos-{name}"  # a resource only this node has: how its Ray id is found
+        return name, f"spotchaos-{name}"  # a resource only this node has: how its Ray id is found
+
+    def _launch_worker(self, name: str, marker: str) -> None:
         resources = json.dumps({**self.resources, marker: 1})
         self._ray_start(
             name,
@@ -323,7 +331,6 @@ class LocalRayCluster(RayCluster):
                 f"--resources={resources}",
             ],
         )
-        return name, marker
 
     def _register(self, name: str, marker: str, timeout: float) -> RayNode:
         deadline = time.monotonic() + timeout
@@ -361,15 +368,20 @@ class LocalRayCluster(RayCluster):
             starter.wait()
         _reap(pids)
         self._killed += pids  # re-parented here later, some: reaped again when the cluster closes
-        name, marker = self._start_worker()
+        name, marker = self._next_worker()
         thread = threading.Thread(target=self._replace, args=(name, marker), name=f"spotchaos-ray-{name}", daemon=True)
         self._replacing.append(thread)
         thread.start()
         return f"node {node.name} removed: {len(pids)} process(es) on it SIGKILLed; {name} replaces it"
 
     def _replace(self, name: str, marker: str) -> None:
+        """Start and register a replacement, one at a time: two ``ray start`` at once on one
+        machine may pick the same socket name under the cluster's folder (Ray numbers them by the
+        files it finds), and the second raylet aborts (bind: Address already in use)."""
         try:
-            self._register(name, marker, timeout=180)
+            with self._launching:
+                self._launch_worker(name, marker)
+                self._register(name, marker, timeout=180)
             self.replaced += 1
         except Exception as exc:  # said by the next placement that finds no node
             self.replace_errors.append(f"{type(exc).__name__}: {exc}")

@@ -23,6 +23,7 @@ from ...config import JobSpec
 from ...errors import JobError
 from ...processes import descendants
 from ...ranked import LaunchedNode, RankedHandle
+from ...trajectory import RunRecord
 from ..base import Backend, LaunchSpec
 from ..subprocess import SubprocessBackend
 from .cluster import LOOPBACK_ENV, RayCluster, RayNode
@@ -88,6 +89,8 @@ class RayTrainHandle(RankedHandle):
     """One attempt of a Ray Train job: its driver here, its workers wherever Ray placed them."""
 
     launcher = "Ray Train"
+    # how long a drain takes to reach the loop: Train V2's PreemptionWatcher polls every 5 s
+    notice_lag_seconds = 6.0
 
     def __init__(self, backend: RayTrainBackend, job: JobSpec, spec: LaunchSpec, run_id: str) -> None:
         super().__init__(job, run_id)
@@ -97,16 +100,43 @@ class RayTrainHandle(RankedHandle):
         self.nodes.append(LaunchedNode(0, driver))
         self.identity = {**getattr(driver, "identity", {})}
         self.removed: list[str] = []
+        self.drained: list[RayNode] = []  # by a notice, until its deadline
         self.rank_nodes: dict[int, list[str]] = {}
 
     def notify(self, signum: int, *, whole_group: bool) -> None:
-        """A notice reaches a Ray Train job as a drain of its workers' nodes (Train V2 hands it to the
-        loop as ``ray.train.get_preemption_info()``), not as a signal to its driver: not built yet."""
-        raise JobError(
-            f"job {self.job.name!r}: a notice ({signal.Signals(signum).name}) to a Ray Train job would be a drain "
-            "of its workers' nodes, which the gate does not deliver yet; plan sigkill (the driver and its run "
-            "gone), kill-rank<r> (one Train worker) or lose-node<r> (the node running rank r)"
-        )
+        """A notice reaches a Ray Train job as a spot reclaim does: every node that runs one of its
+        ranks drained for preemption with the grace window as its deadline, no signal sent. Train
+        V2's PreemptionWatcher sees the drain (it polls every 5 s) and hands it to the loop as
+        ``ray.train.get_preemption_info()``; the controller keeps the group running until the
+        deadline, when :meth:`reclaim` takes the nodes, and restarts it from the latest checkpoint.
+        A signal to the driver would be no cloud's notice: the driver does not run on the VMs
+        reclaimed. ``whole_group`` changes nothing (a drain reaches the whole node)."""
+        if not self.cluster.local:
+            raise JobError(
+                f"job {self.job.name!r}: a notice ({signal.Signals(signum).name}) to a Ray Train job drains its "
+                "workers' nodes, which only a local cluster of the harness's may have done to it; on the user's "
+                "cluster plan sigkill (the driver and its run gone) or kill-rank<r> (one Train worker)"
+            )
+        grace = float(self.job.grace_seconds or 30.0)
+        hosting: dict[str, tuple[RayNode, list[int]]] = {}
+        for rank in sorted(self.ranks):
+            node = self.node_of_rank(rank)
+            hosting.setdefault(node.node_id, (node, []))[1].append(rank)
+        notes = []
+        for node, ranks in hosting.values():
+            answer = self.cluster.drain(node, grace)
+            self.drained.append(node)
+            notes.append(f"Ray node {node.name} (rank {', '.join(map(str, ranks))}) drained: {answer}")
+        self.delivery_note = f"{'; '.join(notes)}; deadline in {grace:g} s (preemption)"
+
+    def reclaim(self) -> None:
+        """The drain's deadline: the drained nodes go, every process of them at once, as the cloud
+        takes the VMs back (a local cluster starts their replacements). The driver runs on: Ray
+        Train restarts the group, which the engine splits into an attempt of its own."""
+        for node in self.drained:
+            self.cluster.remove(node)
+            self.removed.append(node.name)
+        self.drained = []
 
     def note_rank(self, rank: int, pid: object) -> None:
         super().note_rank(rank, pid)
@@ -160,9 +190,33 @@ UNREGISTERED = (
     "the workers (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s), and only a registered one is restored; call it "
     "durable once the run's checkpoint_manager_snapshot.json names it (docs/ray.md)"
 )
+NODES_TAKEN = "before the grace window's end took the group's nodes"
+UNHEARD = (
+    "; hint: Ray Train hands a drain to the loop as ray.train.get_preemption_info(): ask it every step (every "
+    "rank: it is a barrier) and report a checkpoint when it is not None (docs/ray.md)"
+)
 
 
-def explain(failure: str) -> str:
-    """A verdict's failure with what it means for a Ray Train job, where Ray Train's own behaviour
-    is the likely cause."""
-    return failure + UNREGISTERED if failure.endswith(LOST_SILENTLY) else failure
+def explain(failures: list[str], run: RunRecord) -> list[str]:
+    """A verdict's failures with what they mean for a Ray Train job, where Ray Train's own
+    behaviour is the likely cause; a run that a notice ended as finished, said first."""
+    hinted = [
+        failure + UNREGISTERED
+        if failure.endswith(LOST_SILENTLY)
+        else failure + UNHEARD
+        if NODES_TAKEN in failure
+        else failure
+        for failure in failures
+    ]
+    ended = next((a for a in run.attempts if a.fault is not None and a.fault.grace_seconds and a.exit_code == 0), None)
+    if ended is None or ended.final is not None:
+        return hinted
+    last = ended.steps[-1].step if ended.steps else None
+    return [
+        f"the run ended as finished after step {last}, {ended.fault.exit_seconds or 0:.1f} s after the drain "
+        f"notice of attempt {ended.index} (at step {ended.fault.observed_step}): the train function returned, and Ray "
+        "Train takes a train function that returns for a finished run (fit() raised nothing, the driver exited "
+        "0); on ray.train.get_preemption_info() report a checkpoint and train on: the controller restarts the "
+        "group from it at the deadline",
+        *hinted,
+    ]
