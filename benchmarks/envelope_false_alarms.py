@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spotchaos import JobSpec, Session  # noqa: E402
-from spotchaos.determinism import _number  # noqa: E402  (how the audit reads a loss)
+from spotchaos.determinism import as_number  # noqa: E402  (how the audit reads a loss)
 from spotchaos.plan import Plan  # noqa: E402
 
 SETTINGS = ((3, 4.0), (3, 6.0), (5, 4.0), (5, 6.0), (8, 4.0))
@@ -44,7 +44,7 @@ def losses(runs: int) -> list[list[float]]:
     )
     with Session(ROOT) as session:
         records = [session.run_once(job, Plan(()), f"noise-{i}") for i in range(runs)]
-    return [[_number(step.loss) for step in record.steps] for record in records]
+    return [[as_number(step.loss) for step in record.steps] for record in records]
 
 
 def needed_factors(pool: list[list[float]], runs: int, draws: int, compared: int, rng) -> list[list[float]]:

@@ -81,7 +81,7 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
     """A loss (float.hex text) or a numeric fingerprint as a float; None for anything else."""
     if isinstance(value, bool):
         return None
@@ -97,7 +97,7 @@ def _number(value: Any) -> float | None:
 
 def _distance(a: Any, b: Any) -> float:
     """|a - b| for numbers (inf when only one is a number or either is not finite but they differ)."""
-    x, y = _number(a), _number(b)
+    x, y = as_number(a), as_number(b)
     if x is None or y is None:
         return 0.0 if a == b else math.inf
     if x == y or (math.isnan(x) and math.isnan(y)):
@@ -128,7 +128,7 @@ def audit(runs: list[RunRecord], tensor_spread: dict[str, list[float]] | None = 
                 if a == b:
                     continue
                 _note(result, ref.step, name, [a, b])
-                if _number(a) is not None and _number(b) is not None:
+                if as_number(a) is not None and as_number(b) is not None:
                     spread = result.fingerprint_spread.setdefault(name, {})
                     spread[ref.step] = max(spread.get(ref.step, 0.0), _distance(a, b))
                 else:

@@ -1,10 +1,11 @@
 """Ray Train jobs (``launcher = "ray-train"``) on a real Ray cluster on this machine: a head and two
 worker nodes of one CPU, a ``TorchTrainer`` of two workers with ``FailureConfig``, its driver run
-by the harness. A lost worker node and a killed worker are restored by Ray Train itself, inside
-the attempt; a killed driver by the run's snapshot in the next one; each judged bit-exact.
+by the harness. A lost worker node, a killed worker and a drain notice are restored by Ray Train
+itself, inside the attempt; a killed driver by the run's snapshot in the next one; each judged
+bit-exact.
 
-CI runs a lost node on the correct job and on the job that calls a checkpoint durable too early;
-the rest is the full run's (docs/ci.md)."""
+CI runs a lost node and a drain notice on the correct job; the broken jobs and the other faults are
+the full run's (docs/ci.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from spotchaos.trajectory import RunRecord
 
 from .helpers import FIXTURES, ROOT, no_process_left
 
-TRAIN_JOB = next(job for job in load_settings(ROOT / "pyproject.toml").jobs if job.name == "ray-train")
+JOBS = {job.name: job for job in load_settings(ROOT / "pyproject.toml").jobs}
+TRAIN_JOB, NOTICE_JOB = JOBS["ray-train"], JOBS["ray-train-notice"]
 
 
 def train_job(script: str = "ray_train_trainer"):
@@ -94,11 +96,11 @@ def test_a_restore_that_skips_the_data_position_is_named(train_runner):
 
 
 def notice_job(script: str = "ray_train_trainer"):
-    """The job with steps that outlast a notice: 16 of half a second, checkpointed only after the
-    last, a grace window of 10 s (the watcher's 5 s poll, then some 8 steps before the deadline):
-    only a checkpoint the notice prompted keeps the steps before it."""
-    command = (*train_job(script).command[:2], "--steps", "16", "--checkpoint-every", "16", "--step-seconds", "0.5")
-    return replace(train_job(script), command=command, grace_seconds=10)
+    """The job with steps that outlast a notice (pyproject's ray-train-notice: 16 of half a second,
+    checkpointed after the last only, a grace window of 10 s): only a checkpoint the notice prompted
+    keeps the steps before it."""
+    command = ("python", str(FIXTURES / f"{script}.py"), *NOTICE_JOB.command[2:])
+    return replace(NOTICE_JOB, command=command, name=script.replace("_", "-"))
 
 
 def test_a_drain_notice_gets_a_just_in_time_checkpoint_and_ray_train_restores_it(train_runner):
