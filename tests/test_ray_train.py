@@ -124,6 +124,19 @@ def test_a_drain_notice_gets_a_just_in_time_checkpoint_and_ray_train_restores_it
     assert not no_process_left(train_runner)
 
 
+@pytest.mark.full
+def test_a_run_that_finishes_inside_the_notice_window_still_loses_its_drained_nodes(train_runner):
+    """A notice after step 14 of 16: the group finishes before the deadline, the driver exits 0,
+    and the drained nodes go with the attempt's end (a reclaimed VM serves no later attempt)."""
+    run, verdict = train_runner.run(notice_job(), Plan.parse("sigterm@14"))
+    assert verdict.passed, verdict.message()
+    (attempt,) = run.attempts
+    assert attempt.exit_code == 0 and attempt.final is not None and attempt.group_restart == 0
+    assert len(attempt.placement["removed"]) == 2, attempt.placement
+    assert not no_process_left(train_runner)
+    assert train_runner.check(TRAIN_JOB, "kill-rank1@5").passed  # the replacements take the next run
+
+
 @pytest.mark.full  # CI gates the correct job's notice; the broken ones are the full run's
 def test_a_loop_that_never_reads_the_notice_is_named(train_runner):
     with pytest.raises(ChaosFailure) as failure:

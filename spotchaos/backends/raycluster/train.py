@@ -138,6 +138,14 @@ class RayTrainHandle(RankedHandle):
             self.removed.append(node.name)
         self.drained = []
 
+    def cleanup(self) -> None:
+        """The attempt's processes ended, and a node still drained goes too (a run that finished
+        inside the window): a reclaimed VM never serves the next attempt."""
+        try:
+            super().cleanup()
+        finally:
+            self.reclaim()
+
     def note_rank(self, rank: int, pid: object) -> None:
         super().note_rank(rank, pid)
         process = self.ranks.get(rank)
