@@ -111,8 +111,9 @@ def test_the_replacement_starts_warm_on_the_first_available_type(runner):
     assert [t["name"] for t in replacement["order_followed"]] == ["g5.xlarge-spot", "g4dn.xlarge-spot"]
     assert [t["available"] for t in replacement["order_followed"]] == [False, True]
     assert 0 < replacement["peak_memory_bytes"] < 2**30, replacement  # watched against the type's 1g
-    # cold: 47 KB through 32 KB/s; warm: a HEAD and a local read
-    assert figures["ttfr_seconds"] > replacement["ttfr_seconds"] and figures["warm_cold_ttfr_ratio"] < 1, figures
+    # cold: the model (47 KB) read from the bucket; warm: a HEAD and a local read, no byte of it
+    # (the times, 47 KB through 32 KB/s against none, are the report's: a loaded runner blurs them)
+    assert figures["model_bytes_downloaded"] >= 47_000 and replacement["model_bytes_downloaded"] == 0, figures
     assert figures["replacement_requests"].get("ok", 0) > 0 and figures["failed"] == 0, figures
 
 

@@ -113,12 +113,13 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
 
         types = service.instance_types
         replacement_at: float | None = None
+        downloaded_before = 0  # what the bucket had served when the replacement started
         second: Instance | None = None
         second_answer: Future | None = None
 
         def launch_replacement() -> None:
             """The platform's replacement, on the first type of the order with capacity."""
-            nonlocal replacement_at, second, second_answer
+            nonlocal replacement_at, second, second_answer, downloaded_before
             itype = service.replacement_type()
             assert itype is not None  # the spec refuses an order with nothing available
             if store is not None and service.model is not None and service.model.updated_file:
@@ -126,11 +127,14 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
             fresh = channel(service.channel)  # a new instance's metadata: no notice posted on it
             stack.callback(fresh.close)
             replacement_at = time.monotonic()
+            downloaded_before = core.s3.proxy.downloaded if store is not None else 0
             second = instance("replacement", itype, fresh.environment())
             second_answer = pool.submit(second.first_answer, service.replacement_timeout_seconds)
 
+        read_before = core.s3.proxy.downloaded if store is not None else 0  # the session's S3 serves others too
         first = instance("first", types[0] if types else None, notice.environment())
         answered = first.first_answer(service.start_timeout_seconds)
+        cold_bytes = core.s3.proxy.downloaded - read_before if store is not None else None  # the model, from the bucket
         if lb is not None:
             lb.wait_ready("first", service.start_timeout_seconds)
         target = lb.url if lb is not None else first.base_url
@@ -179,6 +183,8 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
                 "ttfr_seconds": round(got.seconds, 3) if got else None,
                 "first_answer_after_notice": round(replacement_at - notice_at + got.seconds, 3) if got else None,
                 "cache": "stale-check" if store is not None and store.updated else "warm" if store else None,
+                # read from the bucket until it answered: nothing for a warm cache (a HEAD), the model for a stale one
+                "model_bytes_downloaded": core.s3.proxy.downloaded - downloaded_before if store is not None else None,
                 "peak_memory_bytes": second.watch.peak if second.watch else None,
             }
         else:
@@ -203,6 +209,7 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
         ready_seconds=round(answered.ready_seconds, 3),
         ttfr_seconds=round(answered.seconds, 3),
         cache="cold" if store is not None else None,
+        model_bytes_downloaded=cold_bytes,
         channel=service.channel,
         channel_note=channel_note,
         service=service.name,

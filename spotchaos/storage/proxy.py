@@ -62,6 +62,7 @@ class FaultProxy(LoopbackServer):
         self.requests = 0  # forwarded or answered, for the report
         self.injected: dict[str, int] = {}  # fault name -> requests it acted on (answered, delayed, paced, reset, held)
         self.uploads: list[tuple[int, float]] = []  # (body bytes, seconds from first to last byte)
+        self.downloaded = 0  # body bytes of the answers passed back (GETs): what clients read from the bucket
         self._in_flight: dict[int, int] = {}  # upload -> body bytes passed on so far
         self._watchers: list[tuple[Fault, Callable[[], None]]] = []
         self._lock = threading.Lock()
@@ -285,6 +286,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        with self.owner._lock:
+            self.owner.downloaded += len(payload)
         rates = self._rates(faults, request, len(payload), "download_rate")
         throttle = _Throttle(min(rates) if rates else None)
         step = throttle.piece()
