@@ -89,6 +89,12 @@ class EngineOptions:
     gpus: GpuPool | None = None
 
 
+# a signal to the whole group acts on every process of it while the job is held: a DataLoader
+# worker it kills is dead, and its death seen by the main process, before the main process goes
+# on (released at once, a fast job's checkpoint and exit raced the workers' deaths)
+GROUP_SETTLE_SECONDS = 0.5
+
+
 def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
     return log_tail(path, limit)
 
@@ -192,6 +198,8 @@ class _AttemptWatch:
         )
         if self.hold is not None:  # a notice a launcher passes on (torchrun's agent, Ray Train's watcher) comes later
             lag = getattr(self.handle, "notice_lag_seconds", 0.0) if fault.graceful else 0.0
+            if getattr(fault, "whole_group", False):  # every process hears it before the job goes on
+                lag = max(lag, GROUP_SETTLE_SECONDS)
             self.release_by = now + min(lag, float(self.job.grace_seconds or 30.0) / 2)
             self._maybe_release(now)
 
