@@ -205,17 +205,17 @@ UNHEARD = (
 )
 
 
+def _hint(failure: str) -> str:
+    """What Ray Train's own behaviour adds to a failure, if anything."""
+    if failure.endswith(LOST_SILENTLY):
+        return UNREGISTERED
+    return UNHEARD if NODES_TAKEN in failure else ""
+
+
 def explain(failures: list[str], run: RunRecord) -> list[str]:
     """A verdict's failures with what they mean for a Ray Train job, where Ray Train's own
     behaviour is the likely cause; a run that a notice ended as finished, said first."""
-    hinted = [
-        failure + UNREGISTERED
-        if failure.endswith(LOST_SILENTLY)
-        else failure + UNHEARD
-        if NODES_TAKEN in failure
-        else failure
-        for failure in failures
-    ]
+    hinted = [failure + _hint(failure) for failure in failures]
     ended = next((a for a in run.attempts if a.fault is not None and a.fault.grace_seconds and a.exit_code == 0), None)
     if ended is None or ended.final is not None:
         return hinted
