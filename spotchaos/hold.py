@@ -6,10 +6,11 @@ plan passed without testing anything). The probe, and for an unmodified Python s
 in-process hook of ``spotchaos/crashpoint``, hold the job right after it reports the planned
 step; the harness delivers the fault, then releases it (see :class:`spotchaos.probe.StepHold`).
 
-Two FIFOs in a folder the harness made itself: the job announces ``STEP PID`` on ``held`` and
-waits on ``release``. The harness keeps both open from before the job starts until the attempt
-ends, so the job never blocks on an open, and nothing the job writes there is trusted beyond a
-bounded, parsed line: a job that lies about its hold only mistimes its own test.
+Two FIFOs (0600) in a folder (0700) the harness made itself, the job's user's only: the job
+announces ``STEP PID`` on ``held`` and waits on ``release``. The harness keeps both open from before
+the job starts until the attempt ends, so the job never blocks on an open, and nothing the job
+writes there is trusted beyond a bounded, parsed line: a job that lies about its hold only mistimes
+its own test.
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ PROBE_FILE = Path(__file__).resolve().parent / "probe.py"
 class Hold:
     """One attempt's hold at step ``at`` (0-based), owned from before the launch to the cleanup."""
 
-    def __init__(self, folder: Path, at: int, *, rank: int = 0, seconds: float = 30.0) -> None:
-        folder.mkdir(mode=0o755)  # fails if it exists: never a folder the job made
+    def __init__(
+        self, folder: Path, at: int, *, rank: int = 0, seconds: float = 30.0, owner: int | None = None
+    ) -> None:
+        folder.mkdir(mode=0o700)  # fails if it exists: never a folder the job made
         self.folder = folder
+        # a container's job that runs as another uid gets the folder and the FIFOs as its own;
+        # nobody else can release a held job, steal its release or fake an announcement
+        self.owner = owner if owner is not None and owner != os.getuid() else None
         self.at = at
         self.rank = rank
         self.seconds = seconds
@@ -48,6 +54,8 @@ class Hold:
         self.released_wall: float | None = None
         self._fds: list[int] = []
         try:
+            if self.owner is not None:
+                os.chown(folder, self.owner, -1, follow_symlinks=False)
             self._release = self._fifo(HOLD_RELEASE, os.O_RDWR)  # a writer always there: the job's open never blocks
             self._held = self._fifo(HOLD_HELD, os.O_RDWR)  # a reader always there: the job's open never fails
         except BaseException:
@@ -61,7 +69,9 @@ class Hold:
         self._fds.append(fd)
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not the FIFO the harness made")
-        os.fchmod(fd, 0o666)  # a container's user may be another than the harness's
+        os.fchmod(fd, 0o600)  # mkfifo's mode is masked by the umask: set it as meant
+        if self.owner is not None:
+            os.fchown(fd, self.owner, -1)
         return fd
 
     def environment(self) -> dict[str, str]:

@@ -21,19 +21,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .processes import describe, end, end_marked, group_members, holding, is_running, start_time
+from .processes import carries, describe, end, end_marked, group_members, holding, is_mine, is_running, start_time
+from .safefs import NotPrivate, private_dir
+
+__all__ = ["LIVE_DIR_VARIABLE", "MARKER_VARIABLE", "LiveJobs", "NotPrivate", "private_dir"]
 
 LIVE_DIR_VARIABLE = "SPOTCHAOS_LIVE_DIR"  # where the entries live (tests point it elsewhere)
 MARKER_VARIABLE = "SPOTCHAOS_RUN_ID"
-
-
-def private_dir(path: Path) -> Path:
-    """``path`` created 0700, refused if it is a link or someone else's (a shared /tmp)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(path)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise RuntimeError(f"{path} is not a private directory of this user: spotchaos will not use it")
-    return path
 
 
 class LiveJobs:
@@ -52,7 +46,7 @@ class LiveJobs:
             folder = private_dir(private_dir(self.directory) / self.owner)
             entry = folder / f"{uuid.uuid4().hex}.json"
             entry.write_text(json.dumps({"run_id": run_id, **identity}))
-        except (OSError, RuntimeError):
+        except (OSError, NotPrivate):
             return None
         return entry
 
@@ -62,9 +56,15 @@ class LiveJobs:
                 entry.unlink()
 
     def reap(self) -> list[str]:
-        """End what pytest runs that died left behind; one line per thing ended."""
-        if not self.directory.is_dir() or self.directory.is_symlink():
+        """End what pytest runs that died left behind; one line per thing ended.
+
+        The entries are only trusted as far as their folder is private (this user's, writable by
+        nobody else, no link on the way: :class:`NotPrivate` otherwise), and even then a process is
+        ended only when it proves itself one of this user's spotchaos jobs: it is this user's and
+        its environment, which only its owner can read, carries the run's random marker."""
+        if not os.path.lexists(self.directory):
             return []
+        private_dir(self.directory)
         ended: list[str] = []
         for folder in sorted(self.directory.iterdir()):
             pid, _, started = folder.name.partition("-")
@@ -83,12 +83,14 @@ def _end_entry(entry: dict[str, Any], owner: str) -> list[str]:
     ended: list[str] = []
     run_id = str(entry.get("run_id") or "")
     pid, started = entry.get("pid"), entry.get("start")
-    if isinstance(pid, int) and is_running(pid, started):  # the leader, as recorded: its whole group
-        members = group_members(pid)
+    marker = f"{MARKER_VARIABLE}={run_id}"
+    # the leader, as recorded, and only once it proves itself the run's own: then its whole group
+    if isinstance(pid, int) and run_id and is_running(pid, started) and is_mine(pid) and carries(pid, marker):
+        members = [member for member in group_members(pid) if is_mine(member)]
         end(members)
         ended += [f"job process group {pid} ({len(members)} process(es)) of run {run_id}, left by {owner}"]
     if run_id:  # everything else that carries the run's marker: group members, and what escaped with setsid
-        ended += [f"{what} of run {run_id}, left by {owner}" for what in end_marked(f"{MARKER_VARIABLE}={run_id}")]
+        ended += [f"{what} of run {run_id}, left by {owner}" for what in end_marked(marker)]
     container = entry.get("container")
     if isinstance(container, str) and container:
         ended += _remove_container(container, owner)
@@ -103,12 +105,17 @@ def _end_entry(entry: dict[str, Any], owner: str) -> list[str]:
 
 
 def _is_scratch(path: Path) -> bool:
-    """Only an attempt's own temporary folder (``$TMPDIR/spotchaos-tmp-*``, a real folder) is removed."""
+    """Only an attempt's own temporary folder (``$TMPDIR/spotchaos-tmp-*``, a real folder of this
+    user's) is removed: a record naming another session's or another user's folder removes nothing."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
     return (
         path.parent == Path(tempfile.gettempdir())
         and path.name.startswith("spotchaos-tmp-")
-        and path.is_dir()
-        and not path.is_symlink()
+        and stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.getuid()
     )
 
 

@@ -91,21 +91,36 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def is_mine(pid: int) -> bool:
+    """Whether ``pid`` runs as this user (its real uid): root reads every process's environment,
+    so a marker alone proves nothing of another user's process."""
+    try:
+        return (PROC / str(pid)).stat().st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def carries(pid: int, marker: str) -> bool:
+    """Whether ``pid``'s environment holds ``marker`` (``NAME=value``). The environment is readable
+    by its owner only, so a run's random marker there proves the process is that run's."""
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    return marker.encode() in environ.split(b"\0")
+
+
 def carrying(marker: str) -> list[int]:
-    """Live processes (not this one) whose environment holds ``marker`` (``NAME=value``)."""
+    """Live processes (not this one) of this user whose environment holds ``marker`` (``NAME=value``)."""
     if not PROC.is_dir():
         return []
-    needle = marker.encode()
     found = []
     for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and start_time(int(entry.name)) is not None:
-            found.append(int(entry.name))
+        pid = int(entry.name)
+        if carries(pid, marker) and is_mine(pid) and start_time(pid) is not None:
+            found.append(pid)
     return found
 
 

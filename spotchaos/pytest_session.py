@@ -23,7 +23,7 @@ import pytest
 from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
 from .extras import MissingExtra
-from .leftovers import LiveJobs
+from .leftovers import LiveJobs, NotPrivate
 from .needs import unmet
 from .options import RunOptions, resolve
 from .processes import children
@@ -159,7 +159,10 @@ def start(config: pytest.Config) -> None:
     runner.ray_address = options.ray_address
     state = _State(settings, options, runner, now_iso())
     if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running
-        state.reaped = LiveJobs().reap()
+        try:
+            state.reaped = LiveJobs().reap()
+        except NotPrivate as exc:  # another local user made spotchaos's folder first: its records are theirs
+            raise pytest.UsageError(f"spotchaos: {exc}") from None
     config.stash[STATE] = state
     _add_builtin_scenarios(config, settings)
     config.pluginmanager.register(_Collector(config, state), "spotchaos-collector")

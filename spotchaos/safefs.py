@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any
 
-from .errors import JobError
+from .errors import JobError, SpotchaosError
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
@@ -321,3 +321,76 @@ def create_new(path: Path) -> Any:
     except FileExistsError:
         raise UnsafeFile(f"{path} already exists: the job wrote into the harness's own files, refused") from None
     return os.fdopen(fd, "wb")
+
+
+class NotPrivate(SpotchaosError):
+    """A folder spotchaos keeps its own state in (under a shared temp directory) could be changed by
+    another local user: its records would then be that user's word, so it is refused."""
+
+
+def _owner_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _check_component(path: Path, info: os.stat_result, *, own: bool) -> None:
+    """An ancestor may be root's or this user's, and writable by others only with the sticky bit
+    (``/tmp``: nobody else may rename or remove what is this user's in it); a folder of
+    spotchaos's own must be this user's and writable by nobody else."""
+    me = os.getuid()
+    if own:
+        if info.st_uid != me:
+            raise NotPrivate(
+                f"{path} belongs to {_owner_name(info.st_uid)}, not to this user ({_owner_name(me)}): "
+                "another local user made it first; spotchaos will not trust what is in it (remove it, or set TMPDIR)"
+            )
+        if info.st_mode & 0o022:
+            raise NotPrivate(
+                f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}): spotchaos keeps its state "
+                "only in a folder nobody else can write (chmod 700 it, or remove it)"
+            )
+        return
+    if info.st_uid not in (0, me):
+        raise NotPrivate(f"{path} belongs to {_owner_name(info.st_uid)}: spotchaos will not keep its state below it")
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        raise NotPrivate(
+            f"{path} is writable by others without the sticky bit (mode {stat.S_IMODE(info.st_mode):o}): "
+            "another user could swap spotchaos's folders below it"
+        )
+
+
+def private_dir(path: Path, *, own_from: Path | None = None) -> Path:
+    """``path`` made (0700) where missing and proven private, component by component through file
+    descriptors: no component is a link, every ancestor is root's or this user's and writable by
+    others only where sticky, and every component from ``own_from`` down (default: ``path``
+    itself) is this user's and writable by nobody else. Anything else is one line naming the
+    folder and its owner (:class:`NotPrivate`)."""
+    path = Path(os.path.abspath(path))
+    own_from = Path(os.path.abspath(own_from)) if own_from is not None else path
+    parts = path.parts
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        current = Path("/")
+        for name in parts[1:]:
+            current = current / name
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=fd)
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    kind = _kind(os.lstat(name, dir_fd=fd).st_mode)
+                    says = f"{current} is {kind}, not a folder: spotchaos will not keep its state there"
+                    raise NotPrivate(says) from None
+                raise
+            os.close(fd)
+            fd = child
+            own = current == own_from or own_from in current.parents
+            _check_component(current, os.fstat(fd), own=own)
+    finally:
+        os.close(fd)
+    return path
