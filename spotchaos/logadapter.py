@@ -455,7 +455,7 @@ class LogEventReader:
                 # (seconds, with torch) must not stall the engine's polls, its faults and timeouts
                 self._seen_files[path] = signature
                 future = self._pool.submit(self.confined, path, self.spec.checkpoint_step_key, None)
-                self._pending.append((path, info.st_size, (self._last_step, time.time()), future))
+                self._pending.append((path, info, (self._last_step, time.time()), future))
                 continue
             except Exception:  # torn, still being written, a link in its path: look again once it changes
                 self._unreadable[path] = signature
@@ -464,12 +464,17 @@ class LogEventReader:
                 self._unreadable[path] = signature
                 continue
             self._seen_files[path] = signature
-            events.append(self._stored_checkpoint(path, summary["step"], info.st_size, (self._last_step, time.time())))
+            events.append(self._stored_checkpoint(path, summary["step"], info, (self._last_step, time.time())))
         return events
 
-    def _stored_checkpoint(self, path: Path, stored: int, size: int, found: tuple[int | None, float]) -> Event:
-        event = self._checkpoint(path, stored - (self.convention.key_offset or 0), size)
+    def _stored_checkpoint(
+        self, path: Path, stored: int, info: os.stat_result, found: tuple[int | None, float]
+    ) -> Event:
+        event = self._checkpoint(path, stored - (self.convention.key_offset or 0), info.st_size)
         event["stored"] = stored  # the raw key: the uninterrupted run learns the convention from it
+        # the version of the file whose key was read: a copy kept for the state diff must be this
+        # one, not a later save the script wrote over it before the copy (state_diff.keep)
+        event["mtime_ns"] = info.st_mtime_ns
         event["seen_after"], event["found_at"] = found  # the last step line read when the file was found, and when
         return event
 
@@ -486,16 +491,16 @@ class LogEventReader:
     def _confined_results(self, wait: bool = False) -> list[Event]:
         """Checkpoint events for the background reads that have finished (all of them, with ``wait``)."""
         events, still = [], []
-        for path, size, seen_after, future in self._pending:
+        for path, info, seen_after, future in self._pending:
             if not (wait or future.done()):
-                still.append((path, size, seen_after, future))
+                still.append((path, info, seen_after, future))
                 continue
             try:
                 step = future.result().get("step")
             except Exception:  # torn, or the helper failed: not a checkpoint
                 step = None
             if step is not None:
-                events.append(self._stored_checkpoint(path, step, size, seen_after))
+                events.append(self._stored_checkpoint(path, step, info, seen_after))
         self._pending = still
         return events
 

@@ -71,7 +71,10 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
         for file in files:
             fd = open_beneath(checkpoints, file.relative_to(checkpoints))
             with os.fdopen(fd, "rb") as source:
-                total += os.fstat(source.fileno()).st_size
+                before = os.fstat(source.fileno())
+                if rewritten(event, before):
+                    raise Rewritten
+                total += before.st_size
                 if total > KEEP_BYTES:
                     (into / f"{final.name}.too-big").write_text(str(total))
                     raise OverflowError
@@ -79,9 +82,30 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
                 (partial / name).parent.mkdir(parents=True, exist_ok=True)
                 with open(partial / name, "xb") as target:
                     shutil.copyfileobj(source, target)
+                if os.fstat(source.fileno()).st_mtime_ns != before.st_mtime_ns:
+                    raise Rewritten  # written to while it was copied
         partial.rename(final)
-    except (OSError, UnsafeFile, OverflowError, ValueError):
+    except (OSError, UnsafeFile, OverflowError, ValueError, Rewritten):
         shutil.rmtree(partial, ignore_errors=True)
+
+
+class Rewritten(Exception):
+    """The checkpoint file was saved over after the event that reported it: what could be copied
+    now is another step's state, and comparing it as this step's would be a false alarm (a plain
+    script that overwrites one ``ckpt.pt``, its copy taken late on a loaded machine)."""
+
+
+MTIME_SLACK_NS = 50_000_000  # file times are coarser than time.time(): a file saved just before its event
+
+
+def rewritten(event: dict[str, Any], info: os.stat_result) -> bool:
+    """Whether the file is no longer the version the event reported: the log adapter says which
+    version it read (``mtime_ns``); a probe's event is written after the save, at ``t``, so a file
+    modified after that is a later save."""
+    if isinstance(event.get("mtime_ns"), int):
+        return info.st_mtime_ns != event["mtime_ns"]
+    t = event.get("t")
+    return isinstance(t, int | float) and info.st_mtime_ns > int(t * 1e9) + MTIME_SLACK_NS
 
 
 @dataclass

@@ -130,3 +130,66 @@ def test_values_named_like_times_hosts_and_pids_are_not_state_a_resume_restores(
     reference = {"saved_at": 1.0, "hostname": "a", "meta": {"train_runtime": 2.0, "pid": 5}, "num_updates": 1}
     chaos = {"saved_at": 2.0, "hostname": "b", "meta": {"train_runtime": 3.0, "pid": 6}, "num_updates": 2}
     assert [d["entry"] for d in diff(reference, chaos, 5)["differences"]] == ["num_updates"]
+
+
+@pytest.mark.unit
+def test_the_diff_hides_only_what_names_itself_volatile_or_a_checksum():
+    """A hex-looking value that is no checksum (a sample cursor, a seed), a key that is just
+    ``node``, ``at`` or ``wall``, and a job's literal ``{run}`` text are state, and compared."""
+    run_a, run_b = "/runs/a", "/runs/b"
+    reference = {
+        "sampler": {"cursor": "10000042"},
+        "node": 3,
+        "at": 7,
+        "wall": 1,
+        "files": {"model.pt": {"crc32c": "0123abcd"}},
+        "digests": {"0.weight": "ab" * 32},
+        "template": "{run}/out",
+        "saved_at": 1.5,
+        "node_name": "host-a",
+        "path": f"{run_a}/ckpt",
+    }
+    chaos = {
+        "sampler": {"cursor": "10000099"},
+        "node": 4,
+        "at": 8,
+        "wall": 2,
+        "files": {"model.pt": {"crc32c": "89abcdef"}},
+        "digests": {"0.weight": "cd" * 32},
+        "template": f"{run_b}/out",
+        "saved_at": 2.5,
+        "node_name": "host-b",
+        "path": f"{run_b}/ckpt",
+    }
+    found = {d["entry"] for d in diff(reference, chaos, 20, runs=(run_a, run_b))["differences"]}
+    assert found == {"sampler.cursor", "node", "at", "wall", "template"}
+
+
+@pytest.mark.unit
+def test_a_checkpoint_saved_over_after_its_event_is_not_kept_as_that_steps(tmp_path):
+    """A script that overwrites one ``ckpt.pt``, its copy taken late on a loaded machine: the copy
+    would hold a later step's state and be compared as this step's (a false 'latent' failure)."""
+    import os
+    import time
+
+    import spotchaos.state_diff as state_diff
+
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    ckpt = root / "ckpt.pt"
+    ckpt.write_bytes(b"step 5")
+    seen = os.stat(ckpt).st_mtime_ns
+    observed = {"uri": ckpt.as_uri(), "step": 5, "stored": 5, "reason": "observed", "mtime_ns": seen}
+    probe = {"uri": ckpt.as_uri(), "step": 5, "t": time.time()}
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    state_diff.keep(observed, 0, root, kept)
+    assert (kept / "a0-k5" / "ckpt.pt").read_bytes() == b"step 5"  # the version its key was read from
+    ckpt.write_bytes(b"step 20")
+    os.utime(ckpt, ns=(seen + 10**9, seen + 10**9))  # saved over a second later
+    state_diff.keep({**observed, "stored": 6}, 0, root, kept)
+    probe["t"] = seen / 1e9
+    state_diff.keep(probe, 0, root, kept)
+    assert not (kept / "a0-k6").exists() and not (kept / "a0-s5").exists()
+    state_diff.keep({**probe, "t": time.time() + 2}, 1, root, kept)
+    assert (kept / "a1-s5" / "ckpt.pt").read_bytes() == b"step 20"  # saved before its event: kept

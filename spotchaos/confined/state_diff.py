@@ -27,14 +27,30 @@ VOLATILE = {
     "datetime",
     "host",
     "hostname",
-    "node",
     "pid",
     "runtime",
     "elapsed",
-    "wall",
     "duration",
     "seconds",
-    "at",
+}
+# Words that name a moment or a machine only beside another word (``saved_at``, ``wall_clock``,
+# ``node_name``): a key that is just ``at``, ``node`` or ``wall`` may be a position, a graph node
+# or a layer, and is compared.
+VOLATILE_BESIDE = {"at", "node", "wall"}
+# Keys whose values are checksums of other bytes (a manifest's): those bytes are compared themselves
+CHECKSUM_WORDS = {
+    "crc",
+    "crc32",
+    "crc32c",
+    "sha",
+    "sha1",
+    "sha256",
+    "sha512",
+    "md5",
+    "hash",
+    "digest",
+    "checksum",
+    "etag",
 }
 
 
@@ -49,6 +65,7 @@ def _digest():
 
 SCALARS = (int, float, bool, str, type(None))
 RUN_PLACEHOLDER = "{run}"
+LITERAL_PLACEHOLDER = "{run:literal}"  # a job's own text "{run}": never equal to a run's folder
 
 
 def is_array(value: Any) -> bool:
@@ -69,10 +86,14 @@ def placed(value: Any, run: str) -> Any:
     if not run:
         return value
     if isinstance(value, str):
-        return value.replace(run, RUN_PLACEHOLDER)
+        return _place(value, run)
     if isinstance(value, list):
-        return [v.replace(run, RUN_PLACEHOLDER) if isinstance(v, str) else v for v in value]
+        return [_place(v, run) if isinstance(v, str) else v for v in value]
     return value
+
+
+def _place(text: str, run: str) -> str:
+    return text.replace(RUN_PLACEHOLDER, LITERAL_PLACEHOLDER).replace(run, RUN_PLACEHOLDER)
 
 
 MAX_DEPTH = 32  # an object graph deeper than this is one leaf (a cycle, say)
@@ -163,9 +184,10 @@ def diff(
             if difference is not None:
                 found.append({"entry": entry, "reference": difference[0], "chaos": difference[1]})
             continue
-        if isinstance(x, SCALARS) and VOLATILE & set(re.split(r"[^a-z0-9]+", entry.rsplit(".", 1)[-1].lower())):
+        words = _words(entry.rsplit(".", 1)[-1].rsplit(":", 1)[-1])
+        if isinstance(x, SCALARS) and _volatile(words):
             continue
-        if _hex_digest(x) and _hex_digest(y):
+        if _names_checksum(entry) and _hex_digest(x) and _hex_digest(y):
             continue  # a checksum of a file (a manifest's): the file itself is compared, and equal
             # state need not serialise to equal bytes
         if not exact_floats and isinstance(x, float) and isinstance(y, float):
@@ -193,6 +215,23 @@ def _array_difference(x: Any, y: Any, exact_floats: bool) -> tuple[str, str] | N
     if len(x.shape) == 0:
         return _show(x.item()), _show(y.item())
     return "differs", "differs"
+
+
+def _words(key: str) -> list[str]:
+    """``saved_at``: ``["saved", "at"]``."""
+    return [w for w in re.split(r"[^a-z0-9]+", key.lower()) if w]
+
+
+def _names_checksum(entry: str) -> bool:
+    """Whether a key on the entry's path names checksums (``files.model.pt.crc32c``,
+    ``digests.0.weight``): a hex string elsewhere (a sample cursor, a seed) is state."""
+    return any(w in CHECKSUM_WORDS or w.removesuffix("s") in CHECKSUM_WORDS for w in _words(entry))
+
+
+def _volatile(words: list[str]) -> bool:
+    """A key named like a moment, a duration, a machine or a process: a strong word anywhere, or a
+    weak one (``at``, ``node``, ``wall``) beside another word."""
+    return bool(VOLATILE & set(words)) or (len(words) > 1 and bool(VOLATILE_BESIDE & set(words)))
 
 
 def _hex_digest(value: Any) -> bool:
