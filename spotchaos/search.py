@@ -123,9 +123,9 @@ def explore(
         except SpotchaosError as exc:
             aborted.append(exc)
 
-    for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
-        attempt(plan)
     try:
+        for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
+            attempt(plan)
         searching(attempt)()
     except FlakyFailure as group:
         failure = _first_verdict(group)

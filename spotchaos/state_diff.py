@@ -66,13 +66,14 @@ def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> 
     except OSError:
         return
     try:
-        files = regular_files(path) if path.is_dir() and not path.is_symlink() else [path]
+        folder = path.is_dir() and not path.is_symlink()
+        files = regular_files(path) if folder else [path]
         total = 0
         for file in files:
             fd = open_beneath(checkpoints, file.relative_to(checkpoints))
             with os.fdopen(fd, "rb") as source:
                 before = os.fstat(source.fileno())
-                if rewritten(event, before):
+                if rewritten(event, before, in_folder=folder):
                     raise Rewritten
                 total += before.st_size
                 if total > KEEP_BYTES:
@@ -98,12 +99,15 @@ class Rewritten(Exception):
 MTIME_SLACK_NS = 50_000_000  # file times are coarser than time.time(): a file saved just before its event
 
 
-def rewritten(event: dict[str, Any], info: os.stat_result) -> bool:
+def rewritten(event: dict[str, Any], info: os.stat_result, *, in_folder: bool = False) -> bool:
     """Whether the file is no longer the version the event reported: the log adapter says which
-    version it read (``mtime_ns``); a probe's event is written after the save, at ``t``, so a file
-    modified after that is a later save."""
+    version it read (``mtime_ns``); a probe's one-file checkpoint is reported after its save, at
+    ``t``, so a file modified after that is a later save. (A checkpoint folder's files may be
+    finished after its event, by a framework's callbacks: its new folder per save is the norm.)"""
     if isinstance(event.get("mtime_ns"), int):
         return info.st_mtime_ns != event["mtime_ns"]
+    if in_folder:
+        return False
     t = event.get("t")
     return isinstance(t, int | float) and info.st_mtime_ns > int(t * 1e9) + MTIME_SLACK_NS
 
@@ -213,7 +217,7 @@ def _diff_files(
         if "error" in answer:  # the job's own loader could not read it either: what differs is its bytes
             return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs"}]}
         return answer
-    return diff(x, y, SHOWN * 4, exact_floats=exact_floats, runs=runs)
+    return diff(x, y, SHOWN * 4, exact_floats=exact_floats, runs=runs, within=a.name)
 
 
 def too_big(kept: Path) -> list[str]:

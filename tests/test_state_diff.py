@@ -163,6 +163,8 @@ def test_the_diff_hides_only_what_names_itself_volatile_or_a_checksum():
     }
     found = {d["entry"] for d in diff(reference, chaos, 20, runs=(run_a, run_b))["differences"]}
     assert found == {"sampler.cursor", "node", "at", "wall", "template"}
+    manifest = diff({"model.pt": "0123abcd"}, {"model.pt": "89abcdef"}, 5, within="checksums.json")
+    assert manifest["differences"] == []  # the file's name says what its values are
 
 
 @pytest.mark.unit
@@ -193,3 +195,19 @@ def test_a_checkpoint_saved_over_after_its_event_is_not_kept_as_that_steps(tmp_p
     assert not (kept / "a0-k6").exists() and not (kept / "a0-s5").exists()
     state_diff.keep({**probe, "t": time.time() + 2}, 1, root, kept)
     assert (kept / "a1-s5" / "ckpt.pt").read_bytes() == b"step 20"  # saved before its event: kept
+
+
+def test_a_scenario_that_fails_on_a_leading_plan_reports_the_plans_it_ran(runner):
+    """report.json said ``plans_tried: 0`` for a failed scenario whose leading plan failed."""
+    from spotchaos.record import ScenarioRecord
+    from spotchaos.search import ExploreSettings
+
+    record = ScenarioRecord(scenario="leading", job="broken-no-scheduler-restore", seed=1)
+    with pytest.raises(ChaosFailure):
+        runner.explore(
+            trainer("broken_no_scheduler_restore"),
+            first=lambda *_: [Plan.parse("sigterm@7")],
+            settings=ExploreSettings(max_examples=3, seed=1),
+            record=record,
+        )
+    assert record.plans_tried >= 1 and not record.passed

@@ -142,12 +142,19 @@ def _show(value: Any) -> str:
 
 
 def diff(
-    reference: Any, chaos: Any, limit: int, *, exact_floats: bool = True, runs: tuple[str, str] = ("", "")
+    reference: Any,
+    chaos: Any,
+    limit: int,
+    *,
+    exact_floats: bool = True,
+    runs: tuple[str, str] = ("", ""),
+    within: str = "",
 ) -> dict[str, Any]:
     """``{"differences": [{"entry", "reference", "chaos"}...], "more": N}``: the first ``limit``
     entries that differ (tensors and numpy arrays bit for bit, by digest; with ``exact_floats``
     off, floating tensors and floats are left to the envelope and not compared). ``runs`` are
-    the two runs' own directories, which may appear in either as ``{run}``."""
+    the two runs' own directories, which may appear in either as ``{run}``. ``within`` is the
+    file's name: a ``checksums.json`` names checksums by its name alone."""
     digest = None
     a, b = flatten(reference, run=runs[0]), flatten(chaos, run=runs[1])
     found = []
@@ -187,7 +194,7 @@ def diff(
         words = _words(entry.rsplit(".", 1)[-1].rsplit(":", 1)[-1])
         if isinstance(x, SCALARS) and _volatile(words):
             continue
-        if _names_checksum(entry) and _hex_digest(x) and _hex_digest(y):
+        if _names_checksum(f"{within}:{entry}") and _hex_digest(x) and _hex_digest(y):
             continue  # a checksum of a file (a manifest's): the file itself is compared, and equal
             # state need not serialise to equal bytes
         if not exact_floats and isinstance(x, float) and isinstance(y, float):
@@ -223,8 +230,9 @@ def _words(key: str) -> list[str]:
 
 
 def _names_checksum(entry: str) -> bool:
-    """Whether a key on the entry's path names checksums (``files.model.pt.crc32c``,
-    ``digests.0.weight``): a hex string elsewhere (a sample cursor, a seed) is state."""
+    """Whether the file or a key on the entry's path names checksums (``checksums.json:model.pt``,
+    ``files.model.pt.crc32c``, ``digests.0.weight``): a hex string elsewhere (a sample cursor, a
+    seed) is state."""
     return any(w in CHECKSUM_WORDS or w.removesuffix("s") in CHECKSUM_WORDS for w in _words(entry))
 
 
