@@ -4,7 +4,9 @@
   against the job's own ``torch.save`` of the same state;
 - comparing two kept checkpoints key by key (two ``weights_only`` loads and a digest per
   tensor) against one ``torch.load`` of the file;
-- learning nothing new: the same figures for a small (reference-trainer-sized) and a large state.
+- learning nothing new: the same figures for a small (reference-trainer-sized) and a large state;
+- hostile files (an .npz zip bomb inflating to 1 GiB, a safetensors file declaring a 90 MB header)
+  against an ordinary 16 MiB .npz: the time and the peak memory (tracemalloc) of reading each.
 
     .venv/bin/python benchmarks/state_diff_costs.py --repeats 3
 """
@@ -38,6 +40,7 @@ def measure(megabytes: float, repeats: int) -> None:
         save = timed(lambda: torch.save(payload, path), repeats)
         load = timed(lambda: torch.load(path, weights_only=True), repeats)
         into = Path(tmp) / "kept"
+        into.mkdir()
         counter = iter(range(10**6))
 
         def keep_once() -> None:
@@ -47,13 +50,57 @@ def measure(megabytes: float, repeats: int) -> None:
         kept = sorted(into.iterdir())
         other = Path(tmp) / "other"
         shutil.copytree(kept[0], other)
-        compare = timed(lambda: _compare_folders(kept[0], other, None, (), True), repeats)
+        compare = timed(lambda: _compare_folders(kept[0], other, None, (), True, ("", "")), repeats)
         size = path.stat().st_size / (1 << 20)
         print(
             f"{size:8.1f} MiB: torch.save {save * 1e3:8.1f} ms, "
             f"keep {copy * 1e3:8.1f} ms ({copy / save:.2f}x the save), "
             f"compare {compare * 1e3:8.1f} ms ({compare / load:.2f}x one load of {load * 1e3:.1f} ms)"
         )
+
+
+def hostile(repeats: int) -> None:
+    import time
+    import tracemalloc
+    import zipfile
+
+    import numpy as np
+
+    from spotchaos.state_formats import AsBytes, load_state
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ordinary = Path(tmp) / "ordinary.npz"
+        np.savez(ordinary, w=np.random.default_rng(0).standard_normal(2 << 20).astype(np.float64))
+        bomb = Path(tmp) / "bomb.npz"
+        header = np.lib.format.header_data_from_array_1_0(np.zeros(1, dtype=np.uint8))
+        header["shape"] = (1 << 30,)
+        with (
+            zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive,
+            archive.open("x.npy", "w", force_zip64=True) as member,
+        ):
+            np.lib.format.write_array_header_1_0(member, header)
+            for _ in range(64):
+                member.write(bytes(1 << 24))
+        big_header = Path(tmp) / "model.safetensors"
+        big_header.write_bytes((90 << 20).to_bytes(8, "little") + b"{" + b" " * (90 << 20))
+        for path in (ordinary, bomb, big_header):
+            seconds = []
+            for _ in range(repeats):
+                tracemalloc.start()
+                started = time.perf_counter()
+                try:
+                    load_state(path)
+                    outcome = "read"
+                except AsBytes as exc:
+                    outcome = f"as bytes ({str(exc)[:60]}...)"
+                seconds.append(time.perf_counter() - started)
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+            size = path.stat().st_size / (1 << 20)
+            print(
+                f"{path.name:18} {size:7.1f} MiB on disk: {sorted(seconds)[len(seconds) // 2] * 1e3:8.1f} ms, "
+                f"peak {peak / (1 << 20):7.1f} MiB, {outcome}"
+            )
 
 
 def main() -> None:
@@ -63,6 +110,7 @@ def main() -> None:
     torch.set_num_threads(1)
     for megabytes in (0.1, 16, 128):
         measure(megabytes, args.repeats)
+    hostile(args.repeats)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,12 @@ from .checkpoint_reader import WEIGHTS_ONLY_REFUSAL
 from .safefs import open_beneath
 
 JSON_BYTES = 64 << 20  # a JSON state file larger than this is compared as bytes
+# A job's file is hostile input: what reading it may cost is bounded before it is parsed. A
+# safetensors header is JSON the library parses whole (a 90 MB one took 109 s and 2.4 GB); an
+# .npz member inflates to what its zip entry declares (a 1.5 MB archive grew the harness 1.4 GB).
+SAFETENSORS_HEADER_BYTES = 8 << 20
+NPZ_INFLATED_BYTES = 256 << 20  # all members together, as declared (zipfile reads no further)
+NPZ_RATIO = 64  # and at most this many times the archive's own size
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip format
 PICKLE_MAGIC = b"\x80"  # torch.save's legacy (non-zip) format starts with a pickle protocol byte
@@ -79,9 +85,17 @@ def _safetensors(path: Path) -> dict[str, Any]:
         raise AsBytes("safetensors is not installed (pip install safetensors)") from None
     fd = open_beneath(path.parent, path.name)
     try:  # through the fd, not the name: the file opened is the file read
+        declared = int.from_bytes(os.pread(fd, 8, 0), "little")
+        if declared > SAFETENSORS_HEADER_BYTES:
+            raise AsBytes(
+                f"{path.name}: a safetensors header of {declared:,} bytes is over the "
+                f"{SAFETENSORS_HEADER_BYTES >> 20} MiB bound: compared as bytes"
+            )
         with safe_open(f"/proc/self/fd/{fd}", framework="pt") as f:
             state: dict[str, Any] = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
             metadata = f.metadata() or {}
+    except AsBytes:
+        raise
     except Exception as exc:  # SafetensorError: a header or a length that does not add up
         raise AsBytes(f"{path.name} is not a whole safetensors file: {exc}") from None
     finally:
@@ -98,6 +112,8 @@ def _numpy(path: Path) -> Any:
     except ImportError:
         raise AsBytes("numpy is not installed") from None
     with os.fdopen(open_beneath(path.parent, path.name), "rb") as f:
+        if path.name.lower().endswith(".npz"):
+            _bounded_archive(f, path.name)
         try:
             loaded = numpy.load(f, allow_pickle=False)
             if hasattr(loaded, "files"):  # an .npz archive
@@ -106,6 +122,26 @@ def _numpy(path: Path) -> Any:
             return loaded
         except (ValueError, OSError, EOFError) as exc:  # object arrays need pickle: compared as bytes
             raise AsBytes(f"{path.name}: {exc}") from None
+
+
+def _bounded_archive(f: Any, name: str) -> None:
+    """Refuse an archive whose members would inflate past the bounds (a zip bomb), before any is read."""
+    import zipfile
+
+    size = os.fstat(f.fileno()).st_size
+    try:
+        with zipfile.ZipFile(f) as archive:
+            inflated = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise AsBytes(f"{name} is not a whole .npz archive: {exc}") from None
+    finally:
+        f.seek(0)
+    bound = min(NPZ_INFLATED_BYTES, max(size, 1 << 20) * NPZ_RATIO)
+    if inflated > bound:
+        raise AsBytes(
+            f"{name}: its members inflate to {inflated:,} bytes from {size:,}, over the bound of "
+            f"{bound:,}: compared as bytes"
+        )
 
 
 def _json(path: Path) -> Any:

@@ -132,3 +132,32 @@ def test_numpy_values_are_compared_by_dtype_shape_and_bytes():
     b = {"numpy": ("MT19937", np.arange(5, dtype=np.uint64), 3), "scale": np.float32(2.5)}
     shown = {d["entry"]: (d["reference"], d["chaos"]) for d in diff(a, b, 10)["differences"]}
     assert shown == {"numpy.1": ("uint32 (5,)", "uint64 (5,)"), "scale": ("1.5", "2.5")}
+
+
+@pytest.mark.unit
+def test_checkpoints_built_to_exhaust_the_harness_are_refused_before_they_are_parsed(tmp_path):
+    """An .npz whose member inflates 1000-fold (a zip bomb) and a safetensors file declaring a
+    90 MB header are compared as bytes, with the bound named, without inflating or parsing them."""
+    import zipfile
+
+    from spotchaos.state_formats import AsBytes, load_state
+
+    bomb = tmp_path / "state.npz"
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(1, dtype=np.uint8))
+    header["shape"] = (1 << 30,)  # 1 GiB of zeros, deflated to about a megabyte
+    with (
+        zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as archive,
+        archive.open("x.npy", "w", force_zip64=True) as member,
+    ):
+        np.lib.format.write_array_header_1_0(member, header)
+        block = bytes(1 << 24)
+        for _ in range(64):
+            member.write(block)
+    assert bomb.stat().st_size < 4 << 20
+    big_header = tmp_path / "model.safetensors"
+    with open(big_header, "wb") as f:
+        f.write((90 << 20).to_bytes(8, "little") + b'{"__metadata__": {"a": "' + b"x" * 1024)
+    with pytest.raises(AsBytes, match=r"inflate to 1,073,741,\d+ bytes .* over the bound"):
+        load_state(bomb)
+    with pytest.raises(AsBytes, match=r"header of 94,371,840 bytes is over the 8 MiB bound"):
+        load_state(big_header)
