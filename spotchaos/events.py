@@ -59,7 +59,7 @@ def validate_event(record: Any, where: str) -> Event:
 
 
 _SCALAR = (str, int, float, bool, type(None))
-_COUNTS = {"step": MAX_STEP, "from_step": MAX_STEP, "bytes": MAX_INT}
+_COUNTS = {"step": MAX_STEP, "from_step": MAX_STEP, "bytes": MAX_INT, "rank": 1 << 20}
 
 
 def _check_numbers(record: dict[str, Any], kind: str, where: str) -> None:
@@ -102,6 +102,10 @@ def _check_shapes(record: dict[str, Any], kind: str, where: str) -> None:
         raise JobError(f"{where}: '{kind}' event field 'memory' must map names to numbers, got {_shown(memory)}")
     if kind == "final" and not all(isinstance(v, str) for v in record["digests"].values()):
         raise JobError(f"{where}: 'final' event field 'digests' must map tensor names to digest strings")
+    rank = record.get("rank")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool)):
+        # the rank verdict groups events by it (a list is unhashable): the job's error, not the harness's crash
+        raise JobError(f"{where}: '{kind}' event field 'rank' must be an integer, got {_shown(rank)}")
     seconds = record.get("seconds")
     if seconds is not None and (not isinstance(seconds, int | float) or isinstance(seconds, bool)):
         raise JobError(f"{where}: '{kind}' event field 'seconds' must be a number, got {_shown(seconds)}")

@@ -16,7 +16,8 @@ import re
 # C0 (tab and newline kept), DEL, C1; bidi embeddings, overrides, isolates and marks; zero-width
 # spaces and joiners, the word joiner, invisible operators, the BOM; line and paragraph separators
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u206f\ufeff]")
-MARKDOWN_MARKUP = re.compile(r"([\\`\[\]|])")  # links, images and reference definitions all need "["
+# links, images and reference definitions all need "["; emphasis and strike-through "*", "_", "~"
+MARKDOWN_MARKUP = re.compile(r"([\\`\[\]|*_~])")
 AUTOLINK = re.compile(r"(?i)(://|www\.)")
 
 

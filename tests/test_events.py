@@ -41,6 +41,9 @@ def test_non_json_line_names_file_line_and_content(tmp_path):
         ({"event": "step", "step": 1, "loss": "0.5x"}, "not a float.hex string"),
         ({"event": "final", "step": 1}, "needs field 'digests' of type dict"),
         ({"event": "checkpoint", "step": 1, "seconds": "1", "bytes": 1, "uri": "u"}, "'seconds' of type int or float"),
+        ({"event": "step", "step": 1, "loss": "0x1p+0", "rank": [0, 1]}, r"'rank' must be an integer, got \[0, 1\]"),
+        ({"event": "step", "step": 1, "loss": "0x1p+0", "rank": {"r": 0}}, "'rank' must be an integer"),
+        ({"event": "step", "step": 1, "loss": "0x1p+0", "rank": -1}, "'rank' must be from 0 to"),
     ],
 )
 def test_contract_violations_are_named(record, message):

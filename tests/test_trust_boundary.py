@@ -787,6 +787,14 @@ def test_bidi_and_zero_width_characters_from_a_job_are_escaped_for_the_terminal_
 
 
 @pytest.mark.unit
+def test_emphasis_and_strike_through_from_a_job_stay_plain_text_in_markdown():
+    from spotchaos.sanitize import markdown_text
+
+    shown = markdown_text("resumed from **best** ~~stale~~ _latest_ checkpoint")
+    assert shown == r"resumed from \*\*best\*\* \~\~stale\~\~ \_latest\_ checkpoint", shown
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("step", ["9" * 30, "9" * 4000])
 def test_a_printed_step_out_of_range_is_one_clear_error(tmp_path, step):
     from spotchaos.logadapter import LogEventReader, LogSpec
