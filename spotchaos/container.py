@@ -59,6 +59,13 @@ class ContainerSpec:
     env: tuple[tuple[str, str], ...] = ()  # only for the container (the job's env applies as well)
     where: str = "container"
 
+    @property
+    def uid(self) -> int | None:
+        """The uid the container runs as where ``user`` names one by number (``"1000"``,
+        ``"1000:1000"``); None for a user given by name (its uid is the image's to say) or none."""
+        number = (self.user or "").partition(":")[0]
+        return int(number) if number.isdigit() else None
+
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip():
             raise ConfigError(f"{self.where}.image: must be a non-empty image name")

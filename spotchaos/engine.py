@@ -646,17 +646,10 @@ def _arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOption
     if preemption.fault.startswith("lose-node") and job.launcher == "torchrun":  # Ray Train's: rank r's node
         rank = target * job.nproc_per_node
     # the job's side gives up after half the silence the harness allows, so a hold never reads as a hang
+    # a container's numeric user gets the hold's FIFOs as its own (else they stay the harness's)
+    owner = job.container.uid if job.container is not None else None
     seconds = job.event_timeout_seconds / 2
-    return Hold(folder / "hold", preemption.at_step, rank=rank, seconds=seconds, owner=_container_uid(job))
-
-
-def _container_uid(job: JobSpec) -> int | None:
-    """The uid a container's job runs as, where its ``user`` names one by number (``"1000"``,
-    ``"1000:1000"``): the hold's FIFOs become that user's. A user given by name keeps the harness's
-    (its uid is the image's to say)."""
-    user = job.container.user if job.container is not None else None
-    uid = (user or "").partition(":")[0]
-    return int(uid) if uid.isdigit() else None
+    return Hold(folder / "hold", preemption.at_step, rank=rank, seconds=seconds, owner=owner)
 
 
 def _hook_hold_environment(job: JobSpec, hold: Hold, convention: StepConvention | None) -> dict[str, str]:

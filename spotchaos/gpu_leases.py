@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .errors import BackendError, ConfigError, SpotchaosError
 from .gpu import nvidia_smi
-from .leftovers import private_dir
+from .safefs import private_dir
 
 DEVICES_VARIABLE = "SPOTCHAOS_GPUS"  # a declared device list: "0,1" or GPU UUIDs
 LEASE_DIR_VARIABLE = "SPOTCHAOS_LEASE_DIR"  # where the lock files live (tests point it elsewhere)

@@ -24,8 +24,6 @@ from typing import Any
 from .processes import carries, describe, end, end_marked, group_members, holding, is_mine, is_running, start_time
 from .safefs import NotPrivate, private_dir
 
-__all__ = ["LIVE_DIR_VARIABLE", "MARKER_VARIABLE", "LiveJobs", "NotPrivate", "private_dir"]
-
 LIVE_DIR_VARIABLE = "SPOTCHAOS_LIVE_DIR"  # where the entries live (tests point it elsewhere)
 MARKER_VARIABLE = "SPOTCHAOS_RUN_ID"
 

@@ -23,7 +23,7 @@ import pytest
 from .config import JobSpec, Settings, load_settings
 from .errors import ConfigError, SpotchaosError
 from .extras import MissingExtra
-from .leftovers import LiveJobs, NotPrivate
+from .leftovers import LiveJobs
 from .needs import unmet
 from .options import RunOptions, resolve
 from .processes import children
@@ -34,6 +34,7 @@ from .report.history import HISTORY_DIR, save_run
 from .report.markdown import render_markdown
 from .report.summary import figure_lines, is_service, lost_steps, verdict_word
 from .runner import ChaosRunner
+from .safefs import NotPrivate
 from .sanitize import visible
 from .stash import RECORDS, STATE
 

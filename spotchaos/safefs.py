@@ -363,19 +363,16 @@ def _check_component(path: Path, info: os.stat_result, *, own: bool) -> None:
         )
 
 
-def private_dir(path: Path, *, own_from: Path | None = None) -> Path:
+def private_dir(path: Path) -> Path:
     """``path`` made (0700) where missing and proven private, component by component through file
     descriptors: no component is a link, every ancestor is root's or this user's and writable by
-    others only where sticky, and every component from ``own_from`` down (default: ``path``
-    itself) is this user's and writable by nobody else. Anything else is one line naming the
-    folder and its owner (:class:`NotPrivate`)."""
+    others only where sticky, and ``path`` itself is this user's and writable by nobody else.
+    Anything else is one line naming the folder and its owner (:class:`NotPrivate`)."""
     path = Path(os.path.abspath(path))
-    own_from = Path(os.path.abspath(own_from)) if own_from is not None else path
-    parts = path.parts
     fd = os.open("/", _DIR_FLAGS)
     try:
         current = Path("/")
-        for name in parts[1:]:
+        for name in path.parts[1:]:
             current = current / name
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
@@ -389,8 +386,7 @@ def private_dir(path: Path, *, own_from: Path | None = None) -> Path:
                 raise
             os.close(fd)
             fd = child
-            own = current == own_from or own_from in current.parents
-            _check_component(current, os.fstat(fd), own=own)
+            _check_component(current, os.fstat(fd), own=current == path)
     finally:
         os.close(fd)
     return path

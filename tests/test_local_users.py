@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from spotchaos.hold import Hold
-from spotchaos.leftovers import LiveJobs, NotPrivate, private_dir
+from spotchaos.leftovers import LiveJobs
 from spotchaos.probe import HOLD_HELD, HOLD_RELEASE
+from spotchaos.safefs import NotPrivate, private_dir
 
 from .helpers import is_alive
 

@@ -137,30 +137,20 @@ def test_the_diff_hides_only_what_names_itself_volatile_or_a_checksum():
     """A hex-looking value that is no checksum (a sample cursor, a seed), a key that is just
     ``node``, ``at`` or ``wall``, and a job's literal ``{run}`` text are state, and compared."""
     run_a, run_b = "/runs/a", "/runs/b"
-    reference = {
-        "sampler": {"cursor": "10000042"},
-        "node": 3,
-        "at": 7,
-        "wall": 1,
-        "files": {"model.pt": {"crc32c": "0123abcd"}},
-        "digests": {"0.weight": "ab" * 32},
-        "template": "{run}/out",
-        "saved_at": 1.5,
-        "node_name": "host-a",
-        "path": f"{run_a}/ckpt",
+    pairs = {  # key: (the reference's value, the resumed run's)
+        "sampler": ({"cursor": "10000042"}, {"cursor": "10000099"}),
+        "node": (3, 4),
+        "at": (7, 8),
+        "wall": (1, 2),
+        "files": ({"model.pt": {"crc32c": "0123abcd"}}, {"model.pt": {"crc32c": "89abcdef"}}),
+        "digests": ({"0.weight": "ab" * 32}, {"0.weight": "cd" * 32}),
+        "template": ("{run}/out", f"{run_b}/out"),
+        "saved_at": (1.5, 2.5),
+        "node_name": ("host-a", "host-b"),
+        "path": (f"{run_a}/ckpt", f"{run_b}/ckpt"),
     }
-    chaos = {
-        "sampler": {"cursor": "10000099"},
-        "node": 4,
-        "at": 8,
-        "wall": 2,
-        "files": {"model.pt": {"crc32c": "89abcdef"}},
-        "digests": {"0.weight": "cd" * 32},
-        "template": f"{run_b}/out",
-        "saved_at": 2.5,
-        "node_name": "host-b",
-        "path": f"{run_b}/ckpt",
-    }
+    reference = {key: values[0] for key, values in pairs.items()}
+    chaos = {key: values[1] for key, values in pairs.items()}
     found = {d["entry"] for d in diff(reference, chaos, 20, runs=(run_a, run_b))["differences"]}
     assert found == {"sampler.cursor", "node", "at", "wall", "template"}
     manifest = diff({"model.pt": "0123abcd"}, {"model.pt": "89abcdef"}, 5, within="checksums.json")

@@ -191,8 +191,7 @@ def diff(
             if difference is not None:
                 found.append({"entry": entry, "reference": difference[0], "chaos": difference[1]})
             continue
-        words = _words(entry.rsplit(".", 1)[-1].rsplit(":", 1)[-1])
-        if isinstance(x, SCALARS) and _volatile(words):
+        if isinstance(x, SCALARS) and _volatile(_words(entry.rsplit(".", 1)[-1])):
             continue
         if _names_checksum(f"{within}:{entry}") and _hex_digest(x) and _hex_digest(y):
             continue  # a checksum of a file (a manifest's): the file itself is compared, and equal
@@ -239,7 +238,8 @@ def _names_checksum(entry: str) -> bool:
 def _volatile(words: list[str]) -> bool:
     """A key named like a moment, a duration, a machine or a process: a strong word anywhere, or a
     weak one (``at``, ``node``, ``wall``) beside another word."""
-    return bool(VOLATILE & set(words)) or (len(words) > 1 and bool(VOLATILE_BESIDE & set(words)))
+    named = set(words)
+    return bool(VOLATILE & named) or (len(named) > 1 and bool(VOLATILE_BESIDE & named))
 
 
 def _hex_digest(value: Any) -> bool:
