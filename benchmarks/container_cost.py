@@ -18,12 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from spotchaos.backends.docker import DockerBackend, DockerSession
-from spotchaos.config import JobSpec
-from spotchaos.container import ContainerSpec
-from spotchaos.engine import EngineOptions, run_job
-from spotchaos.plan import Plan
-from spotchaos.testimage import IMAGE
-from spotchaos.verdict import judge
+from spotchaos.backends.testimage import IMAGE
+from spotchaos.config.container import ContainerSpec
+from spotchaos.config.jobs import JobSpec
+from spotchaos.faults.plan import Plan
+from spotchaos.training.engine.run import EngineOptions, run_job
+from spotchaos.training.verdict import judge
 
 ROOT = Path(__file__).resolve().parent.parent
 

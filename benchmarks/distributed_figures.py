@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spotchaos import Session  # noqa: E402
-from spotchaos.config import load_settings  # noqa: E402
+from spotchaos.config.jobs import load_settings  # noqa: E402
 from spotchaos.errors import ScenarioFailure  # noqa: E402
 
 

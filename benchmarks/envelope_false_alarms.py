@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spotchaos import JobSpec, Session  # noqa: E402
-from spotchaos.determinism import as_number  # noqa: E402  (how the audit reads a loss)
-from spotchaos.plan import Plan  # noqa: E402
+from spotchaos.faults.plan import Plan  # noqa: E402
+from spotchaos.training.determinism import as_number  # noqa: E402  (how the audit reads a loss)
 
 SETTINGS = ((3, 4.0), (3, 6.0), (5, 4.0), (5, 6.0), (8, 4.0))
 

@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spotchaos import engine  # noqa: E402
-from spotchaos.config import JobSpec  # noqa: E402
-from spotchaos.plan import Plan, Preemption  # noqa: E402
+from spotchaos.config.jobs import JobSpec  # noqa: E402
+from spotchaos.faults.plan import Plan, Preemption  # noqa: E402
 from spotchaos.runner import ChaosRunner  # noqa: E402
+from spotchaos.training.engine import run as engine  # noqa: E402
 from tests.test_script_conventions import sidecar_job  # noqa: E402
 
 STEPS = 30

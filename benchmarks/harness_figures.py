@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from spotchaos.config import JobSpec
-from spotchaos.engine import EngineOptions, run_job
-from spotchaos.overhead import measure_overhead
-from spotchaos.plan import Plan
+from spotchaos.budgets.overhead import measure_overhead
+from spotchaos.config.jobs import JobSpec
+from spotchaos.faults.plan import Plan
+from spotchaos.training.engine.run import EngineOptions, run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER = ("python", "fixtures/reference_trainer.py")

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spotchaos import Session  # noqa: E402
-from spotchaos.config import load_settings  # noqa: E402
+from spotchaos.config.jobs import load_settings  # noqa: E402
 from spotchaos.record import ScenarioRecord  # noqa: E402
 from spotchaos.search import ExploreSettings, explore  # noqa: E402
 from spotchaos.strategies import preemption_plans  # noqa: E402

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.parallel_plans import search  # noqa: E402  (the same search, the same seed)
 from spotchaos import Session  # noqa: E402
 from spotchaos.backends.raycluster import LocalRayCluster  # noqa: E402
-from spotchaos.config import load_settings  # noqa: E402
-from spotchaos.plan import Plan  # noqa: E402
+from spotchaos.config.jobs import load_settings  # noqa: E402
+from spotchaos.faults.plan import Plan  # noqa: E402
 
 
 def uninterrupted(session: Session, job, repeats: int) -> float:

@@ -15,10 +15,10 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from spotchaos.config import JobSpec
-from spotchaos.engine import EngineOptions, run_job
-from spotchaos.plan import Plan
-from spotchaos.verdict import judge
+from spotchaos.config.jobs import JobSpec
+from spotchaos.faults.plan import Plan
+from spotchaos.training.engine.run import EngineOptions, run_job
+from spotchaos.training.verdict import judge
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from trust_costs import timed  # the same median-of-repeats timer
 
-from spotchaos.state_diff import _compare_folders, keep
+from spotchaos.training.state.diff import _compare_folders, keep
 
 
 def state(megabytes: float) -> dict:
@@ -66,7 +66,7 @@ def hostile(repeats: int) -> None:
 
     import numpy as np
 
-    from spotchaos.state_formats import AsBytes, load_state
+    from spotchaos.training.state.formats import AsBytes, load_state
 
     with tempfile.TemporaryDirectory() as tmp:
         ordinary = Path(tmp) / "ordinary.npz"

@@ -30,13 +30,13 @@ import threading
 import time
 from pathlib import Path
 
-from spotchaos.config import JobSpec
-from spotchaos.engine import EngineOptions, run_job
+from spotchaos.config.jobs import JobSpec
+from spotchaos.config.logspec import LogSpec
 from spotchaos.errors import JobError
-from spotchaos.logadapter import LogSpec
-from spotchaos.plan import Plan
-from spotchaos.processes import become_subreaper, end_adopted
-from spotchaos.redact import SecretMatcher, leak_forms, leaking_files, redact_files
+from spotchaos.faults.plan import Plan
+from spotchaos.host.processes import become_subreaper, end_adopted
+from spotchaos.safety.redact import SecretMatcher, leak_forms, leaking_files, redact_files
+from spotchaos.training.engine.run import EngineOptions, run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,8 +139,8 @@ ENDLESS = textwrap.dedent(
 
 
 def endless_stream_figures(seconds: float) -> None:
+    from spotchaos.config.services import RequestRecipe
     from spotchaos.serving.load import Load
-    from spotchaos.serving.spec import RequestRecipe
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

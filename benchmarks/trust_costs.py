@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from spotchaos.backends import SubprocessBackend
-from spotchaos.checkpoint_reader import ConfinedLoader, read_checkpoint
-from spotchaos.confined.load_checkpoint import summarize
-from spotchaos.processes import end_marked
-from spotchaos.redact import SecretMatcher
+from spotchaos.host.processes import end_marked
+from spotchaos.safety.redact import SecretMatcher
+from spotchaos.training.state.checkpoint_reader import ConfinedLoader, read_checkpoint
+from spotchaos.training.state.confined.load_checkpoint import summarize
 
 
 def timed(fn, repeats: int) -> float:

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spotchaos.plan import Plan  # noqa: E402
+from spotchaos.faults.plan import Plan  # noqa: E402
 from spotchaos.runner import ChaosFailure, ChaosRunner, ExploreSettings  # noqa: E402
 from spotchaos.strategies import damage_plans, preemption_plans  # noqa: E402
 from tests.helpers import trainer_job  # noqa: E402

@@ -11,14 +11,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import _moved
+
 __version__ = "0.1.0"
+_moved.install()  # the 0.1 import paths (spotchaos.engine, spotchaos.plan, ...) for one more release
 
 _LAZY = {
     "Session": "spotchaos.runner",
     "ChaosFailure": "spotchaos.runner",
-    "JobSpec": "spotchaos.config",
-    "Plan": "spotchaos.plan",
-    "Preemption": "spotchaos.plan",
+    "JobSpec": "spotchaos.config.jobs",
+    "Plan": "spotchaos.faults.plan",
+    "Preemption": "spotchaos.faults.plan",
     "SpotchaosError": "spotchaos.errors",
     "ScenarioFailure": "spotchaos.errors",
 }

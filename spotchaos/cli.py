@@ -16,7 +16,7 @@ from .report import load_report, write_text
 from .report.compare import METRICS, FailRule, compare
 from .report.history import HISTORY_DIR, SAVED, resolve_run, saved_runs
 from .report.markdown import render_markdown
-from .sanitize import visible
+from .safety.sanitize import visible
 
 
 def _render_html(document):
@@ -113,7 +113,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _test_image(args: argparse.Namespace) -> int:
     from .backends.docker import DockerSession
-    from .testimage import build
+    from .backends.testimage import build
 
     for name in build(DockerSession().client):
         print(name)

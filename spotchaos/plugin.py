@@ -1,7 +1,7 @@
 """pytest glue, loaded by every pytest run: options, the marker, the fixtures, and nothing heavy.
 
 A plain ``pytest`` run (``--spotchaos`` off) pays for this module and ``hooks`` only: the session
-(``spotchaos.pytest_session``), the runner, hypothesis, the engine and the backends are imported
+(``spotchaos.pytest_glue.pytest_session``), the runner, hypothesis, the engine and the backends are imported
 by ``pytest_configure`` when ``--spotchaos`` is given, the way pytest-xdist imports its
 ``DSession`` only under ``-n``. Scenarios are then skipped at collection with the reason.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from . import hooks
-from .profiles import PROFILES
-from .stash import STATE
+from .config.profiles import PROFILES
+from .pytest_glue import hooks
+from .pytest_glue.stash import STATE
 
 SKIP_REASON = "chaos scenario: run with --spotchaos (it starts real training jobs)"
 
@@ -101,7 +101,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line("markers", "spotchaos_unfit: set by spotchaos on a job that lacks what a scenario needs")
     if config.getoption("spotchaos"):
-        from .pytest_session import start
+        from .pytest_glue.pytest_session import start
 
         start(config)
 
@@ -127,12 +127,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def spotchaos(request: pytest.FixtureRequest):
-    """Run and search preemption plans (a :class:`spotchaos.scenario.Scenario`); see the README's
+    """Run and search preemption plans (a :class:`spotchaos.pytest_glue.scenario.Scenario`); see the README's
     'Writing your own scenario'."""
     state = request.config.stash.get(STATE, None)
     if state is None:
         pytest.skip(SKIP_REASON)
-    from .scenario import Scenario
+    from .pytest_glue.scenario import Scenario
 
     return Scenario(state, request.node)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .plan import Plan
-from .trajectory import RunRecord
-from .verdict import Verdict
+from .faults.plan import Plan
+from .training.trajectory import RunRecord
+from .training.verdict import Verdict
 
 
 @dataclass

@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING, Any
 
 import hypothesis.strategies as st
 
-from .config import JobSpec
+from .config.jobs import JobSpec
 from .families import budgets, crashpoints, distributed, preemption, serving, storage
 from .families.budgets import BudgetFailure
 from .families.preemption import ChaosFailure, DamageNotApplied
 from .families.storage import StorageFailure
-from .plan import Plan, Preemption
+from .faults.plan import Plan, Preemption
 from .record import ScenarioRecord
 from .search import ExploreSettings, PlanSource, explore
 from .session import SessionCore
-from .trajectory import RunRecord
-from .verdict import Verdict
+from .training.trajectory import RunRecord
+from .training.verdict import Verdict
 
 if TYPE_CHECKING:
-    from .serving.spec import ServiceSpec
+    from .config.services import ServiceSpec
     from .storage import CredentialSwap, Fault
 
 __all__ = [
@@ -138,7 +138,7 @@ class ChaosRunner(SessionCore):
         kill. ``service``: a :class:`ServiceSpec`, or the name of one declared in the session's
         ``pyproject.toml`` (``[tool.spotchaos.services.NAME]``)."""
         if isinstance(service, str):
-            from .config import load_settings
+            from .config.jobs import load_settings
 
             service = load_settings(self.root / "pyproject.toml").service(service)
         return serving.check_drain(self, service, record)

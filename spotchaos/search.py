@@ -16,15 +16,15 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
-from .config import JobSpec
+from .config.jobs import JobSpec
 from .errors import ScenarioFailure, SpotchaosError
 from .families.preemption import DamageNotApplied, check
-from .plan import Plan
+from .faults.plan import Plan
 from .record import ScenarioRecord, note_plans
 from .session import SessionCore
 from .strategies import FirstPlans, preemption_plans, resumes_from_a_checkpoint
-from .trajectory import RunRecord
-from .verdict import Verdict
+from .training.trajectory import RunRecord
+from .training.verdict import Verdict
 
 log = logging.getLogger("spotchaos")
 PlanSource = st.SearchStrategy[Plan] | Callable[[int], st.SearchStrategy[Plan]]

@@ -23,25 +23,25 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
-from .checkpoint_reader import ConfinedLoader, tensor_distances
-from .config import JobSpec, load_settings
-from .container import ContainerSpec
-from .determinism import HINT, Audit, Envelope
-from .determinism import audit as audit_runs
-from .engine import EngineOptions, run_job
+from .config.container import ContainerSpec
+from .config.jobs import JobSpec, load_settings
 from .errors import NotDeterministic, SpotchaosError
-from .frameworks import framework_of, state_diff_ignore
-from .gpu_leases import GpuPool
-from .logadapter import StepConvention, convention_from_dict
-from .plan import Plan
+from .faults.plan import Plan
+from .host.gpu_leases import GpuPool
 from .probe import ENV_CHECKPOINT_URI
-from .rank_verdict import add_rank_verdicts
-from .redact import leaking_files, secret_variables
-from .state_diff import KEEP_BYTES, StateDifference, kept_dir, too_big
-from .state_diff import compare as compare_kept
-from .torchrun import published_before_ranks, published_without_metadata
-from .trajectory import RunRecord
-from .verdict import Verdict, judge
+from .safety.redact import leaking_files, secret_variables
+from .training.determinism import HINT, Audit, Envelope
+from .training.determinism import audit as audit_runs
+from .training.engine.run import EngineOptions, run_job
+from .training.frameworks import framework_of, state_diff_ignore
+from .training.logadapter import StepConvention, convention_from_dict
+from .training.multirank.rank_verdict import add_rank_verdicts
+from .training.multirank.torchrun import published_before_ranks, published_without_metadata
+from .training.state.checkpoint_reader import ConfinedLoader, tensor_distances
+from .training.state.diff import KEEP_BYTES, StateDifference, kept_dir, too_big
+from .training.state.diff import compare as compare_kept
+from .training.trajectory import RunRecord
+from .training.verdict import Verdict, judge
 
 if TYPE_CHECKING:
     from .storage import Fault, S3Service
@@ -154,7 +154,7 @@ class SessionCore:
     def backend(self, job: JobSpec) -> Any:
         """The job's backend: its own container image, a Ray cluster, else None (a local process group)."""
         if job.launcher == "ray-train":  # the driver here, its workers on the cluster
-            from .backends.raycluster.train import RayTrainBackend
+            from .training.multirank.ray_train import RayTrainBackend
 
             return RayTrainBackend(self.ray_cluster())
         if job.backend == "ray":
@@ -174,7 +174,7 @@ class SessionCore:
         with self._lock:
             if self._ray is None:
                 from .backends.raycluster import LocalRayCluster, RemoteRayCluster
-                from .config import RaySettings
+                from .config.jobs import RaySettings
 
                 ray = load_settings(self.root / "pyproject.toml").ray or RaySettings()
                 address = self.ray_address or ray.address
@@ -301,7 +301,7 @@ class SessionCore:
                 ]
             add_rank_verdicts(verdict, reference, record, torn)
         if job.launcher == "ray-train":
-            from .backends.raycluster.train import explain
+            from .training.multirank.ray_train import explain
 
             explained = explain(verdict.failures, record)
             verdict.passed = verdict.passed and len(explained) == len(verdict.failures)

@@ -1,6 +1,6 @@
 """Hypothesis strategies for preemption plans.
 
-Kept apart from the engine (which only executes a :class:`~spotchaos.plan.Plan`) so that users
+Kept apart from the engine (which only executes a :class:`~spotchaos.faults.plan.Plan`) so that users
 can compose their own search spaces. Shrinking works on the plan's parts: fewer preemptions,
 earlier steps, and the first fault kind listed (so list the mildest first).
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from hypothesis import strategies as st
 
 from .faults import CHECKPOINT_FAULTS, PREEMPTIONS
-from .plan import Plan, Preemption
+from .faults.plan import Plan, Preemption
 
 ALL_PREEMPTIONS: tuple[str, ...] = ("sigterm", "sigterm-group", "sigkill")
 

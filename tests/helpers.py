@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from spotchaos.config import JobSpec
+from spotchaos.config.jobs import JobSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -51,7 +51,7 @@ def run_pytest(cwd: Path, *args: str, timeout: float = 600, env: dict | None = N
 def hostile_pickle_job(name: str, marker: str, *, steps: int, container=None) -> JobSpec:
     """fixtures/hostile_pickle.py gated through the log adapter: its checkpoint, when unpickled,
     appends the loading process's pid to ``marker``."""
-    from spotchaos.logadapter import LogSpec
+    from spotchaos.config.logspec import LogSpec
 
     log = LogSpec(
         pattern=r"step (?P<step>\d+) loss (?P<loss>[0-9.]+)",
@@ -77,7 +77,7 @@ PLAIN_LOG = {
 
 def plain_job(script: str = "plain_train", steps: int = 20, log: dict | None = None, **table) -> JobSpec:
     """A fixture script gated through the log adapter, declared as pyproject.toml would."""
-    from spotchaos.config import job_from_mapping
+    from spotchaos.config.jobs import job_from_mapping
 
     command = ["python", str(FIXTURES / f"{script}.py"), "--out", "{checkpoint_dir}", "--steps", str(steps)]
     return job_from_mapping(

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 from spotchaos.backends.docker import LABEL_OWNER, LABEL_SESSION, DockerSession, DockerUnavailable
-from spotchaos.config import JobSpec
-from spotchaos.container import ContainerSpec, Mount
+from spotchaos.backends.testimage import IMAGE, SHELL_IMAGE, build
+from spotchaos.config.container import ContainerSpec, Mount
+from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import BackendError, JobError
 from spotchaos.faults.checkpoint import UnsafeCheckpoint
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosRunner
-from spotchaos.testimage import IMAGE, SHELL_IMAGE, build
 
 from .helpers import ROOT, hostile_pickle_job, run_pytest
 
@@ -339,7 +339,7 @@ def test_a_service_in_a_container_drains_and_its_replacement_gets_the_types_memo
     network), the replacement in a container limited to the fallback type's memory by the kernel."""
     from dataclasses import replace
 
-    from spotchaos.config import load_settings
+    from spotchaos.config.jobs import load_settings
     from spotchaos.families.serving import DrainFailure
 
     spec = load_settings(ROOT / "pyproject.toml").service("model-fallback")
@@ -363,7 +363,7 @@ def test_the_built_in_services_pass_in_containers(docker_session, runner, name):
     ``--spotchaos-image`` runs them: a streaming service and AWS's metadata notice here; the main
     job drains every declared service (``pytest --spotchaos scenarios`` with the built-in scenarios),
     and the rest differ from these in what they serve, not in how a container runs them."""
-    from spotchaos.config import load_settings
+    from spotchaos.config.jobs import load_settings
 
     spec = load_settings(ROOT / "pyproject.toml").service(name).in_image(IMAGE)
     figures = runner.check_drain(spec)

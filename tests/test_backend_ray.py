@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from spotchaos.backends.raycluster import LocalRayCluster
-from spotchaos.config import ConfigError, JobSpec, job_from_mapping, load_settings
+from spotchaos.config.jobs import ConfigError, JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import SpotchaosError
 from spotchaos.families.preemption import ChaosFailure
-from spotchaos.leftovers import LIVE_DIR_VARIABLE, LiveJobs
-from spotchaos.processes import become_subreaper
+from spotchaos.host.leftovers import LIVE_DIR_VARIABLE, LiveJobs
+from spotchaos.host.processes import become_subreaper
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosRunner
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure
 
 from .helpers import trainer_job

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from spotchaos.advisor import advise, daly_interval, expected_waste, young_interval
-from spotchaos.config import JobSpec, load_settings
-from spotchaos.cost import CostInputs, estimate
+from spotchaos.budgets.advisor import advise, daly_interval, expected_waste, young_interval
+from spotchaos.budgets.cost import estimate
+from spotchaos.config.jobs import JobSpec, load_settings
+from spotchaos.config.prices import CostInputs
 from spotchaos.errors import ConfigError
 from spotchaos.runner import BudgetFailure
 

@@ -6,13 +6,13 @@ import re
 
 import pytest
 
-from spotchaos.config import JobSpec
-from spotchaos.engine import OutsideCheckpoint, damage_newest
+from spotchaos.config.jobs import JobSpec
 from spotchaos.faults import CHECKPOINT_FAULTS, CheckpointSet
 from spotchaos.faults.checkpoint import FlipBits, LatestPointer, Truncate
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure, DamageNotApplied
-from spotchaos.trajectory import Attempt
+from spotchaos.training.engine.run import OutsideCheckpoint, damage_newest
+from spotchaos.training.trajectory import Attempt
 
 from .helpers import trainer_job
 

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from spotchaos.config import JobSpec, Settings, load_settings
+from spotchaos.config.jobs import JobSpec, Settings, load_settings
 from spotchaos.errors import ConfigError
-from spotchaos.options import resolve
-from spotchaos.plan import Plan, Preemption
+from spotchaos.faults.plan import Plan, Preemption
+from spotchaos.pytest_glue.options import resolve
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.config import JobSpec, job_from_mapping
-from spotchaos.container import ContainerSpec, Mount
+from spotchaos.config.container import ContainerSpec, Mount
+from spotchaos.config.jobs import JobSpec, job_from_mapping
 from spotchaos.errors import ConfigError
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)

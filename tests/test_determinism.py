@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.config import JobSpec, job_from_mapping
-from spotchaos.determinism import Audit, Envelope, audit
+from spotchaos.config.jobs import JobSpec, job_from_mapping
 from spotchaos.errors import ConfigError, NotDeterministic
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure
 from spotchaos.strategies import preemption_plans
-from spotchaos.trajectory import Attempt, RunRecord
+from spotchaos.training.determinism import Audit, Envelope, audit
+from spotchaos.training.trajectory import Attempt, RunRecord
 
 from .helpers import FIXTURES
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from spotchaos.config import JobSpec, job_from_mapping, load_settings
+from spotchaos.config.jobs import JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import ConfigError, JobError
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure
 
 from .helpers import FIXTURES, ROOT, no_process_left
@@ -178,7 +178,7 @@ def test_bad_launcher_settings_name_the_key(table, message):
 
 @pytest.mark.unit
 def test_the_agent_command_stays_on_loopback():
-    from spotchaos.torchrun import agent_argv
+    from spotchaos.training.multirank.torchrun import agent_argv
 
     job = JobSpec(name="j", command=("python", "t.py"), launcher="torchrun", nproc_per_node=2, nnodes=2)
     argv = agent_argv(job, job.argv(resume=False), node=1, port=29555, run_id="abc")
@@ -188,8 +188,8 @@ def test_the_agent_command_stays_on_loopback():
 
 @pytest.mark.unit
 def test_a_group_restart_inside_one_launch_becomes_an_attempt_of_its_own():
-    from spotchaos.engine import split_group_restarts
-    from spotchaos.trajectory import Attempt, FaultRecord
+    from spotchaos.training.engine.run import split_group_restarts
+    from spotchaos.training.trajectory import Attempt, FaultRecord
 
     def event(kind, rank, **fields):
         return {"event": kind, "rank": rank, "t": 1.0, **fields}

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.config import JobSpec
-from spotchaos.engine import EngineOptions, run_job
+from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import JobError
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
+from spotchaos.training.engine.run import EngineOptions, run_job
 
 from .helpers import ROOT, is_alive, read_pids
 

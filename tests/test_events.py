@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spotchaos.errors import JobError
-from spotchaos.events import EventReader, validate_event
+from spotchaos.training.events import EventReader, validate_event
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 

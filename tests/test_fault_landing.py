@@ -16,13 +16,13 @@ from dataclasses import replace
 
 import pytest
 
-from spotchaos.config import JobSpec
-from spotchaos.hold import Hold
-from spotchaos.landing import settle, untested
-from spotchaos.plan import Plan
+from spotchaos.config.jobs import JobSpec
+from spotchaos.faults.plan import Plan
 from spotchaos.probe import ENV_HOLD_AT, StepHold
 from spotchaos.runner import ChaosFailure
-from spotchaos.trajectory import FaultRecord
+from spotchaos.training.engine.hold import Hold
+from spotchaos.training.engine.landing import settle, untested
+from spotchaos.training.trajectory import FaultRecord
 
 from .helpers import FIXTURES, ROOT
 from .test_script_conventions import sidecar_job
@@ -248,8 +248,8 @@ def test_a_plan_resumes_from_a_checkpoint_unless_it_only_kills_before_the_first(
 @pytest.mark.unit
 def test_a_fault_held_back_on_purpose_records_where_it_landed_but_no_lateness():
     """The storage family waits for an upload in flight before its kill: later than the step by design."""
-    from spotchaos.engine import _settle_landing
-    from spotchaos.trajectory import Attempt
+    from spotchaos.training.engine.run import _settle_landing
+    from spotchaos.training.trajectory import Attempt
 
     attempt = Attempt(index=0, exit_code=-9, wall_seconds=1.0, start_seconds=0.1, events=_events(range(13), {3, 7, 11}))
     fault = _fault(9, 12, 12.9)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from spotchaos.engine import DamageRefused, damage_newest
 from spotchaos.errors import JobError
 from spotchaos.faults import CHECKPOINT_FAULTS, CheckpointSet
-from spotchaos.safefs import UnsafeFile
-from spotchaos.trajectory import Attempt
+from spotchaos.safety.safefs import UnsafeFile
+from spotchaos.training.engine.run import DamageRefused, damage_newest
+from spotchaos.training.trajectory import Attempt
 
 PATH_FAULTS = ["delete-manifest", "corrupt-manifest", "drop-file", "delete-newest", "swap-older", "truncate-zero"]
 

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from spotchaos.config import load_settings
+from spotchaos.config.jobs import load_settings
+from spotchaos.faults.plan import Plan
 from spotchaos.integrations._report import loss_of, tensors_in
-from spotchaos.plan import Plan
 from spotchaos.runner import ChaosFailure
 from spotchaos.strategies import resumes_across_epochs
 

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from spotchaos.config import JobSpec
+from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import NotDeterministic
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 
 from .helpers import FIXTURES, ROOT
 
@@ -68,7 +68,7 @@ def test_the_report_names_the_device_and_its_memory():
 def test_an_attempt_on_cuda_leases_a_gpu_the_driver_lists_and_sees_only_it(runner):
     """``gpus = 1`` on a GPU machine: the lease comes from nvidia-smi's list and is what the job's
     CUDA_VISIBLE_DEVICES names; the run is judged as any other."""
-    from spotchaos.gpu_leases import discovered_devices
+    from spotchaos.host.gpu_leases import discovered_devices
 
     job = cuda_trainer(gpus=1)
     verdict = runner.check(job, Plan.parse("sigterm@7"))

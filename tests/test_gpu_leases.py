@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from spotchaos.config import JobSpec
+from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import ConfigError, SpotchaosError
-from spotchaos.gpu_leases import GpuPool, GpuUnavailable, NoGpuFree, parse_devices
+from spotchaos.host.gpu_leases import GpuPool, GpuUnavailable, NoGpuFree, parse_devices
 from spotchaos.runner import ChaosRunner
 
 from .helpers import FIXTURES, ROOT, run_pytest

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from spotchaos.hold import Hold
-from spotchaos.leftovers import LiveJobs
+from spotchaos.host.leftovers import LiveJobs
 from spotchaos.probe import HOLD_HELD, HOLD_RELEASE
-from spotchaos.safefs import NotPrivate, private_dir
+from spotchaos.safety.safefs import NotPrivate, private_dir
+from spotchaos.training.engine.hold import Hold
 
 from .helpers import is_alive
 

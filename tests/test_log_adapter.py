@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from spotchaos.config import job_from_mapping
+from spotchaos.config.jobs import job_from_mapping
 from spotchaos.errors import ConfigError, JobError
-from spotchaos.logadapter import significant_digits
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure
+from spotchaos.training.logadapter import significant_digits
 
 from .helpers import PLAIN_LOG, plain_job
 

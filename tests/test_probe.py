@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spotchaos import probe
-from spotchaos.events import EventReader
+from spotchaos.training.events import EventReader
 
 
 def test_loss_hex_round_trips_every_bit():

@@ -2,8 +2,8 @@
 
 import pytest
 
-from spotchaos.rank_verdict import restored_differences, sample_coverage, shared_rng
-from spotchaos.trajectory import Attempt, RunRecord
+from spotchaos.training.multirank.rank_verdict import restored_differences, sample_coverage, shared_rng
+from spotchaos.training.trajectory import Attempt, RunRecord
 
 pytestmark = pytest.mark.unit
 

@@ -16,16 +16,16 @@ from dataclasses import replace
 import pytest
 
 from spotchaos.backends.raycluster import LocalRayCluster
-from spotchaos.backends.raycluster.train import JOB_CONFIG_VARIABLE, driver_environment, explain
-from spotchaos.config import ConfigError, load_settings
-from spotchaos.container import ContainerSpec
+from spotchaos.config.container import ContainerSpec
+from spotchaos.config.jobs import ConfigError, load_settings
+from spotchaos.config.logspec import LogSpec
 from spotchaos.families.preemption import ChaosFailure
-from spotchaos.logadapter import LogSpec
-from spotchaos.plan import Plan
-from spotchaos.processes import describe
+from spotchaos.faults.plan import Plan
+from spotchaos.host.processes import describe
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosRunner
-from spotchaos.trajectory import RunRecord
+from spotchaos.training.multirank.ray_train import JOB_CONFIG_VARIABLE, driver_environment, explain
+from spotchaos.training.trajectory import RunRecord
 
 from .helpers import FIXTURES, ROOT, no_process_left
 

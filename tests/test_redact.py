@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.redact import REDACTED, redact, secret_values
+from spotchaos.safety.redact import REDACTED, redact, secret_values
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 

@@ -12,8 +12,8 @@ import sys
 import crc32c
 import pytest
 
-from spotchaos.events import EventReader
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
+from spotchaos.training.events import EventReader
 
 from .helpers import REFERENCE_TRAINER, ROOT, trainer_job
 

@@ -7,15 +7,8 @@ import os
 
 import pytest
 
-from spotchaos.redact import SecretMatcher, redact_files
-from spotchaos.safefs import (
-    UnsafeFile,
-    create_new,
-    links_below,
-    open_beneath,
-    read_bounded,
-    regular_files,
-)
+from spotchaos.safety.redact import SecretMatcher, redact_files
+from spotchaos.safety.safefs import UnsafeFile, create_new, links_below, open_beneath, read_bounded, regular_files
 
 pytestmark = pytest.mark.unit
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from hypothesis.errors import FlakyFailure
 
-from spotchaos.config import job_from_mapping, load_settings
+from spotchaos.config.jobs import job_from_mapping, load_settings
+from spotchaos.config.logspec import DEFAULT_PATTERN, LogSpec
 from spotchaos.errors import ConfigError
-from spotchaos.logadapter import DEFAULT_PATTERN, LogEventReader, LogSpec
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure, ExploreSettings
 from spotchaos.search import explore
+from spotchaos.training.logadapter import LogEventReader
 
 from .helpers import FIXTURES, ROOT, plain_job
 
@@ -255,7 +256,7 @@ def test_a_failure_that_did_not_replay_shows_spotchaos_message_not_hypothesis_gr
 
 
 def _failed_verdict():
-    from spotchaos.verdict import Verdict
+    from spotchaos.training.verdict import Verdict
 
     return Verdict(False, ["loss diverged at step 3"], None, [], [], [], 0, [], 20)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.config import JobSpec, Settings
+from spotchaos.config.jobs import JobSpec, Settings
 from spotchaos.errors import ConfigError
-from spotchaos.options import resolve
+from spotchaos.pytest_glue.options import resolve
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosFailure
 from spotchaos.search import ExploreSettings, explore

@@ -11,10 +11,11 @@ from dataclasses import replace
 
 import pytest
 
-from spotchaos.config import load_settings
+from spotchaos.config.jobs import load_settings
+from spotchaos.config.services import ServiceSpec, service_from_mapping
 from spotchaos.errors import ConfigError, JobError
 from spotchaos.families.serving import DrainFailure
-from spotchaos.notices import (
+from spotchaos.faults.notices import (
     ALIBABA_TERMINATION,
     AWS_INSTANCE_ACTION,
     AWS_REBALANCE,
@@ -27,7 +28,6 @@ from spotchaos.notices import (
     GcpMetadataNotice,
 )
 from spotchaos.serving.load import RequestRecord
-from spotchaos.serving.spec import ServiceSpec, service_from_mapping
 from spotchaos.serving.verdict import judge_drain, judge_replacement, longest_gap
 
 from .helpers import FIXTURES, ROOT
@@ -150,7 +150,7 @@ def test_behind_the_balancer_the_replacement_starts_at_the_notice_and_takes_traf
 
 
 def test_a_request_factory_sends_different_requests_and_a_bad_one_is_named(runner):
-    from spotchaos.serving.spec import RequestRecipe
+    from spotchaos.config.services import RequestRecipe
 
     spec = service("model", request=RequestRecipe(factory="fixtures.load_requests:varied"), steady_seconds=0.8)
     figures = runner.check_drain(spec)
@@ -363,8 +363,8 @@ def test_an_endless_stream_is_counted_not_kept(script):
     import subprocess
     import sys
 
+    from spotchaos.config.services import RequestRecipe
     from spotchaos.serving.load import Load
-    from spotchaos.serving.spec import RequestRecipe
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from spotchaos.config import JobSpec
-from spotchaos.confined.state_diff import diff
-from spotchaos.plan import Plan
+from spotchaos.config.jobs import JobSpec
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure
+from spotchaos.training.state.confined.state_diff import diff
 
 from .helpers import FIXTURES
 from .test_script_conventions import sidecar_job
@@ -107,7 +107,7 @@ def test_the_diff_walks_nested_state_and_ranks_causes_first():
 
 @pytest.mark.unit
 def test_checkpoints_are_kept_whole_inside_the_run_or_not_at_all_and_an_oversized_one_is_said(tmp_path, monkeypatch):
-    import spotchaos.state_diff as state_diff
+    import spotchaos.training.state.diff as state_diff
 
     root = tmp_path / "checkpoints"
     (root / "ckpt-4").mkdir(parents=True)
@@ -164,7 +164,7 @@ def test_a_checkpoint_saved_over_after_its_event_is_not_kept_as_that_steps(tmp_p
     import os
     import time
 
-    import spotchaos.state_diff as state_diff
+    import spotchaos.training.state.diff as state_diff
 
     root = tmp_path / "checkpoints"
     root.mkdir()

@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 from spotchaos.backends.subprocess import SubprocessBackend
-from spotchaos.checkpoint_reader import ConfinedLoader
-from spotchaos.confined.state_diff import diff
-from spotchaos.state_diff import compare
+from spotchaos.training.state.checkpoint_reader import ConfinedLoader
+from spotchaos.training.state.confined.state_diff import diff
+from spotchaos.training.state.diff import compare
 
 
 def kept(root, label, files: dict[str, bytes | object]):
@@ -140,7 +140,7 @@ def test_checkpoints_built_to_exhaust_the_harness_are_refused_before_they_are_pa
     90 MB header are compared as bytes, with the bound named, without inflating or parsing them."""
     import zipfile
 
-    from spotchaos.state_formats import AsBytes, load_state
+    from spotchaos.training.state.formats import AsBytes, load_state
 
     bomb = tmp_path / "state.npz"
     header = np.lib.format.header_data_from_array_1_0(np.zeros(1, dtype=np.uint8))

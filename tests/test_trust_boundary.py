@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from spotchaos.config import JobSpec
-from spotchaos.engine import EngineOptions, run_job
+from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import ConfigError, JobError
 from spotchaos.faults.checkpoint import UnsafeCheckpoint
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure
+from spotchaos.training.engine.run import EngineOptions, run_job
 
 from .helpers import FIXTURES, ROOT, hostile_pickle_job, is_alive, run_pytest
 
@@ -232,8 +232,8 @@ def test_a_planned_fault_that_never_fired_fails_naming_it(runner, script):
 @pytest.mark.unit
 @pytest.mark.unit
 def test_a_fault_the_job_could_not_receive_is_not_reached_and_one_it_outran_never_fired():
-    from spotchaos.engine import _unfired
-    from spotchaos.trajectory import Attempt, FaultRecord
+    from spotchaos.training.engine.run import _unfired
+    from spotchaos.training.trajectory import Attempt, FaultRecord
 
     def attempt(index, steps, final=True, fault=None):
         events = [{"event": "step", "step": s, "loss": "0x1p+0"} for s in steps]
@@ -511,7 +511,7 @@ def test_a_jobs_own_env_secret_fails_its_scenario_is_redacted_in_kept_logs_and_i
     ids=["whole", "second-half", "window", "basic-auth", "urlsafe-b64", "hex", "HEX", "url-encoded"],
 )
 def test_every_window_and_encoding_of_a_secret_is_redacted_and_found(leak):
-    from spotchaos.redact import REDACTED, find_leaks, redact
+    from spotchaos.safety.redact import REDACTED, find_leaks, redact
 
     text = f"job said: {leak} (done)"
     clean = redact(text, [SECRET])
@@ -593,7 +593,7 @@ def test_credentials_found_by_shape_never_reach_an_artifact_and_a_hard_linked_lo
 
 @pytest.mark.unit
 def test_redaction_streams_whole_files_and_finds_a_secret_across_a_chunk_edge(tmp_path):
-    from spotchaos.redact import CHUNK, REDACTED, SecretMatcher, leaking_files, redact_files
+    from spotchaos.safety.redact import CHUNK, REDACTED, SecretMatcher, leaking_files, redact_files
 
     matcher = SecretMatcher([SECRET])
     edge = CHUNK - len(SECRET) // 2  # the secret straddles the first chunk's end
@@ -610,7 +610,7 @@ def test_redaction_streams_whole_files_and_finds_a_secret_across_a_chunk_edge(tm
 def test_a_log_pattern_that_would_backtrack_forever_cannot_stall_the_timeouts(script, tmp_path):
     """``(?:x+x+)+y`` on a line of 40 x's takes Python's ``re`` longer than the age of the universe;
     RE2 answers at once, so the job that then hangs is ended by its 5 s timeout."""
-    from spotchaos.logadapter import LogSpec
+    from spotchaos.config.logspec import LogSpec
 
     command = script(
         """
@@ -631,7 +631,7 @@ def test_a_log_pattern_that_would_backtrack_forever_cannot_stall_the_timeouts(sc
 @pytest.mark.unit
 @pytest.mark.parametrize("pattern", [r"step (?P<step>\d+)(?=,) loss (?P<loss>\S+)", r"(?P<step>\d+) (?P<loss>\S+) \1"])
 def test_a_log_pattern_that_needs_backtracking_is_one_clear_error(pattern):
-    from spotchaos.logadapter import LogSpec
+    from spotchaos.config.logspec import LogSpec
 
     with pytest.raises(ConfigError) as caught:
         LogSpec(pattern=pattern)
@@ -778,7 +778,7 @@ def test_spotchaos_report_and_compare_on_a_report_of_the_wrong_shape_are_one_lin
 
 @pytest.mark.unit
 def test_bidi_and_zero_width_characters_from_a_job_are_escaped_for_the_terminal_and_markdown():
-    from spotchaos.sanitize import markdown_text, visible
+    from spotchaos.safety.sanitize import markdown_text, visible
 
     trojan = "loss ok\u202e\u2066 }if (admin) {\u2069\u2067 \u200bx\ufeff"
     for shown in (visible(trojan), markdown_text(trojan)):
@@ -788,7 +788,7 @@ def test_bidi_and_zero_width_characters_from_a_job_are_escaped_for_the_terminal_
 
 @pytest.mark.unit
 def test_emphasis_and_strike_through_from_a_job_stay_plain_text_in_markdown():
-    from spotchaos.sanitize import markdown_text
+    from spotchaos.safety.sanitize import markdown_text
 
     shown = markdown_text("resumed from **best** ~~stale~~ _latest_ checkpoint")
     assert shown == r"resumed from \*\*best\*\* \~\~stale\~\~ \_latest\_ checkpoint", shown
@@ -797,7 +797,8 @@ def test_emphasis_and_strike_through_from_a_job_stay_plain_text_in_markdown():
 @pytest.mark.unit
 @pytest.mark.parametrize("step", ["9" * 30, "9" * 4000])
 def test_a_printed_step_out_of_range_is_one_clear_error(tmp_path, step):
-    from spotchaos.logadapter import LogEventReader, LogSpec
+    from spotchaos.config.logspec import LogSpec
+    from spotchaos.training.logadapter import LogEventReader
 
     log = tmp_path / "stdout.log"
     log.write_text(f"step 0 loss 1.0\nstep {step} loss 1.0\n")

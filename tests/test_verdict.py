@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.trajectory import Attempt, FaultRecord, RunRecord
-from spotchaos.verdict import judge
+from spotchaos.training.trajectory import Attempt, FaultRecord, RunRecord
+from spotchaos.training.verdict import judge
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 

@@ -21,11 +21,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..container import ContainerSpec
+from ..config.container import ContainerSpec
 from ..errors import BackendError
-from ..gpu import gpus_present
-from ..gpu_leases import GpuUnavailable
-from ..safefs import create_new
+from ..host.gpu import gpus_present
+from ..host.gpu_leases import GpuUnavailable
+from ..safety.safefs import create_new
 from .base import LaunchSpec
 
 LABEL_SESSION = "spotchaos.session"

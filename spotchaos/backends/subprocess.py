@@ -15,8 +15,8 @@ import subprocess
 import time
 
 from ..errors import BackendError
-from ..processes import become_subreaper, group_members, own_leaders, start_time
-from ..safefs import create_new
+from ..host.processes import become_subreaper, group_members, own_leaders, start_time
+from ..safety.safefs import create_new
 from .base import LaunchSpec
 
 

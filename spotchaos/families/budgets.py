@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..advisor import advise
-from ..config import JobSpec
-from ..cost import estimate
+from ..budgets.advisor import advise
+from ..budgets.cost import estimate
+from ..budgets.overhead import measure_overhead, notice_flushes
+from ..config.jobs import JobSpec
+from ..config.presets import MTBF_PRESETS
 from ..errors import ScenarioFailure
-from ..overhead import measure_overhead, notice_flushes
-from ..plan import Plan, Preemption
-from ..presets import MTBF_PRESETS
+from ..faults.plan import Plan, Preemption
 from ..record import ScenarioRecord, note_figures, note_plans
 from ..session import SessionCore
-from ..trajectory import RunRecord
+from ..training.trajectory import RunRecord
 from .preemption import ChaosFailure
 
 

@@ -1,6 +1,6 @@
 """Crash points: kills inside the job's own checkpoint writes and loads.
 
-The crash-point hook (``spotchaos/crashpoint``) numbers every file-system event a job makes under
+The crash-point hook (``spotchaos/faults/crashpoint``) numbers every file-system event a job makes under
 its checkpoint directory; these functions trace a save and a restart's load, so a plan
 ``crash@N`` can kill the job just before any one of those events. ``crash@N`` counts those
 events, not training steps.
@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..config import JobSpec
-from ..engine import FS_EVENTS, read_fs_events
+from ..config.jobs import JobSpec
 from ..errors import SpotchaosError
-from ..plan import Plan, Preemption
+from ..faults.plan import Plan, Preemption
 from ..session import SessionCore
-from ..trajectory import RunRecord
+from ..training.engine.run import FS_EVENTS, read_fs_events
+from ..training.trajectory import RunRecord
 
 
 def trace(core: SessionCore, job: JobSpec, plan: Plan) -> tuple[RunRecord, list[list[dict[str, Any]]]]:

@@ -3,7 +3,7 @@ size, and how deterministic the job is at each world size.
 
 The rank-level preemptions (``kill-rank1@5``, ``hang-rank1@5``, ``lose-node1@5``) are plans like
 any other and run through :func:`spotchaos.families.preemption.check`; the session judges every
-rank of a torchrun job (:mod:`spotchaos.rank_verdict`). What needs more than one plan lives here.
+rank of a torchrun job (:mod:`spotchaos.training.multirank.rank_verdict`). What needs more than one plan lives here.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import JobSpec
-from ..engine import FS_EVENTS, read_fs_events
+from ..config.jobs import JobSpec
 from ..errors import ConfigError, SpotchaosError
-from ..plan import Plan, Preemption
-from ..rank_verdict import judge_ranks, rank_view, restored_differences, sample_coverage
+from ..faults.plan import Plan, Preemption
 from ..record import ScenarioRecord, note_run
 from ..session import SessionCore
-from ..torchrun import uri_path
-from ..trajectory import RunRecord
-from ..verdict import Verdict, find_divergence
+from ..training.engine.run import FS_EVENTS, read_fs_events
+from ..training.multirank.rank_verdict import judge_ranks, rank_view, restored_differences, sample_coverage
+from ..training.multirank.torchrun import uri_path
+from ..training.trajectory import RunRecord
+from ..training.verdict import Verdict, find_divergence
 from .preemption import ChaosFailure, check
 
 SHARD_SUFFIX = ".distcp"  # torch.distributed.checkpoint's shard files

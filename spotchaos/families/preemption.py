@@ -3,13 +3,13 @@ attempts) and fail unless the resumed run is bit-exact with the reference."""
 
 from __future__ import annotations
 
-from ..config import JobSpec
+from ..config.jobs import JobSpec
 from ..errors import ConfigError, ScenarioFailure, SpotchaosError
-from ..plan import Plan
+from ..faults.plan import Plan
 from ..record import ScenarioRecord, note_run
 from ..session import SessionCore
-from ..trajectory import RunRecord
-from ..verdict import Verdict
+from ..training.trajectory import RunRecord
+from ..training.verdict import Verdict
 
 
 class ChaosFailure(ScenarioFailure):

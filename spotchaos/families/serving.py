@@ -21,16 +21,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..config.services import InstanceType, ServiceSpec
 from ..errors import JobError, ScenarioFailure
-from ..notices import channel
-from ..ports import free_port
+from ..faults.notices import channel
+from ..host.ports import free_port
 from ..record import ScenarioRecord
 from ..serving.balancer import Balancer
 from ..serving.load import Load, RequestRecord
 from ..serving.model_store import ModelStore
 from ..serving.platform import Instance
 from ..serving.readiness import ReadinessWatch
-from ..serving.spec import InstanceType, ServiceSpec
 from ..serving.verdict import DrainVerdict, judge_drain, judge_replacement, longest_gap
 from ..session import SessionCore
 

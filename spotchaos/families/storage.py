@@ -13,15 +13,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import JobSpec
+from ..budgets.overhead import checkpoint_blocking
+from ..config.jobs import JobSpec
 from ..errors import JobError, ScenarioFailure, SpotchaosError
-from ..overhead import checkpoint_blocking
-from ..plan import Plan, Preemption
+from ..faults.plan import Plan, Preemption
 from ..probe import ENV_CHECKPOINT_URI
 from ..record import ScenarioRecord, note_plans, note_run, note_storage
-from ..redact import find_leaks, leaking_files, redact
+from ..safety.redact import find_leaks, leaking_files, redact
 from ..session import SessionCore
-from ..verdict import judge
+from ..training.verdict import judge
 
 if TYPE_CHECKING:
     from ..storage import CredentialSwap, Fault

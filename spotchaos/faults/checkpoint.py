@@ -7,7 +7,7 @@ A checkpoint is a directory of files (or a single file); ``manifest.json`` insid
 
 The job wrote every one of those files and is untrusted: a fault changes only regular files
 with a single name, opened beneath the run's checkpoint directory without following any link
-(:mod:`spotchaos.safefs`). A checkpoint that holds a symbolic link, a hard link or a special
+(:mod:`spotchaos.safety.safefs`). A checkpoint that holds a symbolic link, a hard link or a special
 file is refused as a whole before anything is changed (:class:`UnsafeCheckpoint`). The check is
 no licence to act by path afterwards: a helper of the job can swap a folder for a link between
 the check and the fault, so every unlink, rename, copy and write goes through the fds of folders
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
-from ..safefs import Folder, UnsafeFile, describe_link, links_below, links_between, regular_files
+from ..safety.safefs import Folder, UnsafeFile, describe_link, links_below, links_between, regular_files
 
 MANIFEST = "manifest.json"
 DIGEST_VALUE = re.compile(r'"(crc32c|crc32|sha256|sha1|md5|digest|hash|checksum)"\s*:\s*"([0-9a-fA-F]+)"')

@@ -40,7 +40,7 @@ class TargetedFault(abc.ABC):
         self.deliver(handle)
 
     @abc.abstractmethod
-    def deliver(self, handle) -> None:  # a RankedHandle (spotchaos/ranked.py)
+    def deliver(self, handle) -> None:  # a RankedHandle (spotchaos/training/multirank/ranked.py)
         """Do it to the target; each fault's own."""
 
 

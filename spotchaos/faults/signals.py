@@ -30,7 +30,7 @@ class Notice:
 @dataclass(frozen=True)
 class CloudNotice:
     """The reclaim notice posted on the cloud's instance metadata (served by the harness on
-    127.0.0.1, see :mod:`spotchaos.notices`), with no signal: many trainers poll the metadata
+    127.0.0.1, see :mod:`spotchaos.faults.notices`), with no signal: many trainers poll the metadata
     instead of handling SIGTERM, and on some clouds no SIGTERM comes before the kill. The engine
     starts the metadata server for the attempt (``metadata``), posts the notice at the planned
     step, and SIGKILLs when the grace window ends."""
@@ -75,7 +75,7 @@ class HardKill:
 class CrashPoint:
     """SIGKILL from inside the job at its Nth file-system event under the checkpoint directory.
 
-    Armed through the environment before the attempt starts (see ``spotchaos/crashpoint``); the
+    Armed through the environment before the attempt starts (see ``spotchaos/faults/crashpoint``); the
     plan's step number is the event's index. Nothing is delivered from outside.
     """
 

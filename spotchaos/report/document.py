@@ -22,8 +22,8 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ReportError
-from ..gpu import driver_version
-from ..redact import redact
+from ..host.gpu import driver_version
+from ..safety.redact import redact
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 << 20

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sanitize import markdown_text, visible
+from ..safety.sanitize import markdown_text, visible
 from .summary import (
     comparison_notes,
     drain_line,
@@ -24,7 +24,7 @@ from .summary import (
 
 def _cell(value: Any) -> str:
     """Text that may quote the job (failures, errors, figures' messages), for a table cell or a
-    list item: inert Markdown (see spotchaos.sanitize), on one line."""
+    list item: inert Markdown (see spotchaos.safety.sanitize), on one line."""
     text = "" if value is None else str(value)
     return " ".join(markdown_text(text).split())  # newlines would end the table row
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import strategies as st
 
-from spotchaos.plan import Plan
+from spotchaos.faults.plan import Plan
 from spotchaos.strategies import damage_plans
 
 pytestmark = pytest.mark.spotchaos

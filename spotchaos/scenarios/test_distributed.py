@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import pytest
 
-from spotchaos.config import JobSpec
+from spotchaos.config.jobs import JobSpec
 
 pytestmark = pytest.mark.spotchaos
 

@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..config.services import RequestRecipe
 from ..extras import require
 from .answers import bounded_request
-from .spec import RequestRecipe
 
 RETRY_PAUSE_SECONDS = 0.05  # a refused client tries again this much later (or after Retry-After, capped)
 FAILED = ("dropped", "cut", "error", "timeout")

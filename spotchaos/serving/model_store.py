@@ -15,9 +15,9 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from ..config.services import ModelSpec
 from ..errors import ConfigError
 from ..storage import Bandwidth, S3Service
-from .spec import ModelSpec
 
 ENV_MODEL_URL = "SPOTCHAOS_MODEL_URL"
 ENV_MODEL_CACHE = "SPOTCHAOS_MODEL_CACHE"

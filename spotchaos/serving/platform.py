@@ -20,14 +20,14 @@ from types import TracebackType
 from typing import Any
 
 from ..backends import LaunchSpec, SubprocessBackend
+from ..config.services import InstanceType, ServiceSpec
 from ..errors import JobError
 from ..extras import require
-from ..leftovers import LiveJobs
+from ..host.leftovers import LiveJobs
+from ..host.processes import end_escaped, group_members
 from ..probe import ENV_RUN_ID
-from ..processes import end_escaped, group_members
-from ..safefs import last_lines, log_tail
+from ..safety.safefs import last_lines, log_tail
 from .answers import request_once
-from .spec import InstanceType, ServiceSpec
 
 ENV_INSTANCE_TYPE = "SPOTCHAOS_INSTANCE_TYPE"
 MEMORY_POLL_SECONDS = 0.05

@@ -20,8 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from ...processes import group_members
-from ...safefs import create_new
+from ...host.processes import group_members
+from ...safety.safefs import create_new
 
 PR_SET_PDEATHSIG = 1
 

@@ -107,7 +107,7 @@ class RayHandle:
         if not self._backend.cluster.local:
             self._exit = -signal.SIGKILL
             return self._exit
-        from ...processes import is_running
+        from ...host.processes import is_running
 
         deadline = time.monotonic() + max(timeout, 0)
         while is_running(self._pid, self.identity.get("start")):
@@ -119,7 +119,7 @@ class RayHandle:
 
     def survivors(self) -> list[int]:
         if self._gone:
-            from ...processes import group_members
+            from ...host.processes import group_members
 
             return group_members(self._pid) if self._backend.cluster.local else []
         try:
@@ -142,7 +142,7 @@ class RayHandle:
                     self.placement["after"] = self._backend.cluster.remove(self.node)
                 self._backend.cluster.release_node(self.node)
         else:
-            from ...processes import end, group_members
+            from ...host.processes import end, group_members
 
             if self._backend.cluster.local:
                 end(group_members(self._pid))

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError
-from ...leftovers import MARKER_VARIABLE, LiveJobs
-from ...ports import free_port
-from ...processes import carrying, descendants, describe, end, holding, start_time
+from ...host.leftovers import MARKER_VARIABLE, LiveJobs
+from ...host.ports import free_port
+from ...host.processes import carrying, descendants, describe, end, holding, start_time
 
 # every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
 # closed port on 127.0.0.1 and fails)
@@ -219,7 +219,7 @@ class LocalRayCluster(RayCluster):
         if self.ray.is_initialized():
             raise BackendError("this process already drives a Ray cluster (one Ray driver per process): close it first")
         # short: Ray puts Unix sockets under it (107 bytes at most); an attempt's kind of scratch folder,
-        # so a later session removes it should this one die (spotchaos.leftovers)
+        # so a later session removes it should this one die (spotchaos.host.leftovers)
         self._temp_dir = tempfile.mkdtemp(prefix="spotchaos-tmp-ray-")
         # every process of the cluster carries this marker: a later session ends them all if this
         # process dies without closing it (SIGKILL, OOM), as it ends a dead session's jobs

@@ -1,0 +1,602 @@
+"""Jobs under test and how they are declared.
+
+A job is declared once, in ``[tool.spotchaos.jobs.NAME]`` of pyproject.toml or in Python as a
+:class:`JobSpec`, and every scenario runs against it. Validation names the file and the key,
+because a typo in a CI config should cost one glance, not a debugging session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tomllib
+import warnings
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..safety.redact import secret_values
+from .container import ContainerSpec, container_from_mapping
+from .declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of, only_known
+from .logspec import LogSpec, log_from_mapping
+from .presets import GRACE_WINDOWS, MTBF_PRESETS
+from .prices import MAX_PRICE, PRICE_KEYS, CostInputs
+
+STORAGES = ("local", "s3")
+EXACTNESS = ("bit", "envelope")
+BACKENDS = ("subprocess", "ray")
+LAUNCHERS = ("python", "torchrun", "ray-train")
+MULTI_RANK_LAUNCHERS = ("torchrun", "ray-train")
+FRAMEWORKS = ("transformers", "lightning", "accelerate")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job: how to start it, resume it, and how long to wait for it.
+
+    ``command`` and ``resume_command`` starting with ``python`` run under the interpreter that
+    runs pytest, so a virtual environment's torch is the one tested.
+    """
+
+    name: str
+    command: tuple[str, ...]
+    resume_command: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+    grace_seconds: float | None = None  # None: the provider's window, else 30 s
+    start_timeout_seconds: float = 120.0
+    event_timeout_seconds: float = 60.0
+    attempt_timeout_seconds: float = 1800.0
+    provider: str | None = None  # aws, gcp, azure, alibaba-pai-eas, kubernetes
+    overhead_budget: float = 0.05  # checkpoint time / training time
+    # the longest one checkpoint may hold training up under storage faults (a SlowDown storm):
+    # finish within it, or give up and say so (probe.checkpoint_failed)
+    checkpoint_budget_seconds: float = 60.0
+    mtbf_seconds: float | None = None  # mean time between preemptions, for the interval advisor
+    cost: CostInputs = field(default_factory=CostInputs)
+    container: ContainerSpec | None = None  # None: a local process group (the subprocess backend)
+    log: LogSpec | None = None  # read steps from printed output instead of probe events
+    resume_args: tuple[str, ...] = ()  # appended to command on restarts ("--resume", "init_from=resume")
+    # a glob under the checkpoint directory: a restart resumes (resume_args, resume_command) only
+    # when something matches it, else it starts fresh, for scripts whose resume flag fails without one
+    resume_if_exists: str | None = None
+    # How many uninterrupted runs measure the job's own run-to-run noise (1: just the reference).
+    # None: 1 when exactness is "bit", 5 when it is "envelope" (docs/determinism.md: why 5).
+    determinism_runs: int | None = None
+    # "bit": the resumed run must equal the uninterrupted one bit for bit. "envelope": for jobs that
+    # cannot be made deterministic, it must stay inside the spread the uninterrupted runs showed,
+    # widened by envelope_factor.
+    exactness: str = "bit"
+    envelope_factor: float = 6.0
+    # The checkpoints a run writes after a resume are compared with the uninterrupted run's of the
+    # same step; entries matching these patterns ("trainer.pt:timestamp", "*.host") may differ.
+    state_diff: bool = True
+    state_diff_ignore: tuple[str, ...] = ()
+    parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
+    storage: str = "local"  # "s3": checkpoints go to s3://<fresh bucket>/ckpt on the harness's moto
+    # "torchrun": the command runs under torchrun (TorchElastic), nproc_per_node ranks on each of
+    # nnodes "nodes" (agents on this machine, meeting at a c10d rendezvous on 127.0.0.1).
+    # "ray-train": the command is a Ray Train driver, run here against the session's Ray cluster;
+    # nproc_per_node is its number of Train workers (spotchaos/training/multirank/ray_train.py)
+    launcher: str = "python"
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    max_restarts: int = 0  # torchrun's --max-restarts: how often the agent restarts a failed group
+    rdzv_port: int | None = None  # the rendezvous port of a multi-node job; None: a free one
+    # the ranks per node a resume may use instead of nproc_per_node: declaring it says the job
+    # reshards its checkpoints, so the built-in resharding scenario runs (None: it is skipped)
+    reshard_nproc_per_node: int | None = None
+    # how many GPUs each attempt needs: leased for its whole life, distinct from every other
+    # attempt's on this machine (spotchaos/host/gpu_leases.py), handed over as CUDA_VISIBLE_DEVICES or a
+    # container's device ids. None: a container's own gpus, else none
+    gpus: int | None = None
+    # how long every rank may go without an event before a hung rank is named (after a hang-rank
+    # fault, say); None: event_timeout_seconds
+    hang_timeout_seconds: float | None = None
+    # the framework the job trains with (transformers, lightning, accelerate): what its checkpoints
+    # hold that legitimately differs between runs, what its resumes are known to get wrong
+    # (spotchaos/training/frameworks.py). None: learned from the integration's start event, if any.
+    framework: str | None = None
+    # "ray": each attempt on a worker node of a Ray cluster (spotchaos/backends/raycluster), with
+    # these resources (num_cpus, num_gpus, custom ones); "subprocess": a local process group
+    backend: str = "subprocess"
+    ray_resources: tuple[tuple[str, float], ...] = ()
+    source: str = "python"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not JOB_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"job name {self.name!r}: use letters, digits, '.', '_' and '-' (at most 64, not starting with "
+                "'.' or '-'): the name becomes part of file, directory and container names"
+            )
+        if not self.command:
+            raise ConfigError(f"{self.where('command')}: must not be empty")
+        if self.provider is not None and self.provider not in GRACE_WINDOWS:
+            known = ", ".join(GRACE_WINDOWS)
+            raise ConfigError(f"{self.where('provider')}: unknown provider {self.provider!r} (known: {known})")
+        if self.grace_seconds is None:
+            object.__setattr__(self, "grace_seconds", GRACE_WINDOWS.get(self.provider or "", 30.0))
+        for key in (
+            "grace_seconds",
+            "start_timeout_seconds",
+            "event_timeout_seconds",
+            "attempt_timeout_seconds",
+            "checkpoint_budget_seconds",
+        ):
+            _check_number(getattr(self, key), self.where(key), "a number of seconds", 0, 1e6)
+        _check_number(self.overhead_budget, self.where("overhead_budget"), "a fraction such as 0.05", 0, 0.9)
+        if self.mtbf_seconds is not None:
+            _check_number(self.mtbf_seconds, self.where("mtbf_seconds"), "seconds (at least 60)", 59.999, 1e9)
+        for key in PRICE_KEYS:
+            value = getattr(self.cost, key)
+            if value is not None:
+                _check_number(value, self.where(f"cost.{key}"), "a price", -1e-12, MAX_PRICE)
+        if self.resume_if_exists is not None and (
+            not isinstance(self.resume_if_exists, str)
+            or not self.resume_if_exists
+            or self.resume_if_exists.startswith("/")
+            or ".." in self.resume_if_exists
+        ):
+            raise ConfigError(
+                f"{self.where('resume_if_exists')}: must be a glob under the checkpoint directory, "
+                f"got {self.resume_if_exists!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"{self.where('backend')}: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend == "ray" and self.container is not None:
+            raise ConfigError(
+                f"{self.where('backend')}: a Ray job runs in its nodes' own environment; drop image/container "
+                "(the nodes' image is the cluster's)"
+            )
+        if self.exactness not in EXACTNESS:
+            raise ConfigError(f"{self.where('exactness')}: must be 'bit' or 'envelope', got {self.exactness!r}")
+        runs = self.determinism_runs
+        if runs is not None and (not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= 20):
+            raise ConfigError(f"{self.where('determinism_runs')}: must be an integer from 1 to 20, got {runs!r}")
+        if self.exactness == "envelope" and runs == 1:
+            raise ConfigError(
+                f"{self.where('determinism_runs')}: envelope mode measures the spread of at least 2 uninterrupted "
+                "runs; leave it unset (5) or give 2 or more"
+            )
+        _check_number(self.envelope_factor, self.where("envelope_factor"), "a factor such as 4", 0.999, 1e6)
+        self._check_launcher()
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise ConfigError(
+                f"{self.where('framework')}: must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}"
+            )
+        steps = self.cost.production_steps
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+            raise ConfigError(f"{self.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
+
+    def _check_launcher(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"{self.where('launcher')}: must be 'python' or 'torchrun', got {self.launcher!r}")
+        for key, high in (("nproc_per_node", 64), ("nnodes", 8), ("max_restarts", 100)):
+            value = getattr(self, key)
+            low = 0 if key == "max_restarts" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ConfigError(f"{self.where(key)}: must be an integer from {low} to {high}, got {value!r}")
+        gpus = self.gpus
+        if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= 64):
+            raise ConfigError(f"{self.where('gpus')}: must be a count of GPUs from 1 to 64, got {gpus!r}")
+        reshard = self.reshard_nproc_per_node
+        if reshard is not None:
+            if not isinstance(reshard, int) or isinstance(reshard, bool) or not 1 <= reshard <= 64:
+                raise ConfigError(
+                    f"{self.where('reshard_nproc_per_node')}: must be an integer from 1 to 64, got {reshard!r}"
+                )
+            if self.launcher != "torchrun":
+                raise ConfigError(f'{self.where("reshard_nproc_per_node")}: resharding needs launcher = "torchrun"')
+        port = self.rdzv_port
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535):
+            raise ConfigError(f"{self.where('rdzv_port')}: must be a port from 1024 to 65535, got {port!r}")
+        if self.hang_timeout_seconds is not None:
+            _check_number(self.hang_timeout_seconds, self.where("hang_timeout_seconds"), "a number of seconds", 0, 1e6)
+        if self.launcher == "python" and (self.nproc_per_node, self.nnodes) != (1, 1):
+            raise ConfigError(
+                f'{self.where("nproc_per_node")}: ranks need launcher = "torchrun" (one process per rank); '
+                "a plain python job is one rank"
+            )
+        if self.launcher == "ray-train":
+            self._check_ray_train()
+        if self.launcher == "torchrun" and self.container is not None:
+            raise ConfigError(
+                f"{self.where('launcher')}: torchrun jobs run as local processes for now; a container's torchrun "
+                "(docker exec per rank) is not supported yet"
+            )
+        if self.launcher == "torchrun" and self.log is not None:
+            raise ConfigError(
+                f"{self.where('log')}: a torchrun job reports per rank through the probe (RANK is read from torchrun); "
+                "the log adapter reads one process's output"
+            )
+
+    def _check_ray_train(self) -> None:
+        """A Ray Train driver runs here and places its own workers: no container, one node's worth
+        of ranks (Ray decides the nodes), the probe's events, not a log."""
+        if self.container is not None or self.backend != "subprocess":
+            where = self.where("container" if self.container is not None else "backend")
+            raise ConfigError(
+                f"{where}: a Ray Train job's driver runs as a local process and Ray places its workers on the "
+                "cluster; leave out container and backend (--spotchaos-ray-address names the cluster)"
+            )
+        if self.nnodes != 1:
+            raise ConfigError(
+                f"{self.where('nnodes')}: a Ray Train job's workers are placed by Ray; give their number as "
+                "nproc_per_node (ScalingConfig's num_workers) and leave nnodes at 1"
+            )
+        if self.log is not None:
+            raise ConfigError(f"{self.where('log')}: a Ray Train job reports per rank through the probe")
+        if self.storage != "local":
+            raise ConfigError(
+                f"{self.where('storage')}: a Ray Train job's checkpoints are its run's storage_path on a folder "
+                "every node sees; the harness's S3 credentials are not handed to Train workers"
+            )
+
+    @property
+    def multi_rank(self) -> bool:
+        """Whether its ranks are processes of their own that each report (torchrun, Ray Train)."""
+        return self.launcher in MULTI_RANK_LAUNCHERS
+
+    @property
+    def gpu_request(self) -> int | str | None:
+        """The GPUs an attempt leases: a count, "all", or None (it needs none)."""
+        if self.gpus is not None:
+            return self.gpus
+        return self.container.gpus if self.container is not None else None
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    @property
+    def hang_seconds(self) -> float:
+        return self.hang_timeout_seconds if self.hang_timeout_seconds is not None else self.event_timeout_seconds
+
+    @property
+    def uninterrupted_runs(self) -> int:
+        """How many uninterrupted runs the job gets: the reference and the ones measuring its noise."""
+        if self.determinism_runs is not None:
+            return self.determinism_runs
+        return 5 if self.exactness == "envelope" else 1
+
+    def where(self, key: str) -> str:
+        if self.source == "python":
+            return f"JobSpec(name={self.name!r}).{key}"
+        return f"{self.source} [tool.spotchaos.jobs.{self.name}].{key}"
+
+    def argv(self, resume: bool) -> list[str]:
+        """The command of this attempt. On the host, ``python`` is the interpreter running pytest;
+        in a container it is the image's own ``python``."""
+        if resume and self.resume_command:
+            argv = list(self.resume_command)
+        else:
+            argv = [*self.command, *(self.resume_args if resume else ())]
+        if argv[0] in PYTHON_ALIASES and self.container is None:
+            argv[0] = sys.executable
+        return argv
+
+    def ray_needs(self) -> dict[str, float]:
+        """What one attempt asks of a Ray node: a CPU unless told, the job's GPUs, its custom resources."""
+        declared = dict(self.ray_resources)
+        needs = {"CPU": declared.pop("num_cpus", 1.0), "GPU": declared.pop("num_gpus", float(self.gpus or 0))}
+        return {**needs, **declared}
+
+    def on_backend(self, backend: str) -> JobSpec:
+        """This job on ``backend`` (--spotchaos-backend); a container job keeps its container, a Ray
+        Train job its local driver (its workers are on the cluster already)."""
+        keeps = self.container is not None or self.launcher == "ray-train"  # a Ray Train driver runs here
+        return self if keeps or backend == self.backend else replace(self, backend=backend)
+
+    def in_image(self, image: str) -> JobSpec:
+        """This job in a container of ``image`` (``--spotchaos-image``), keeping its own options."""
+        base = self.container or ContainerSpec(image=image, where=self.where("container"))
+        return replace(self, container=replace(base, image=image))
+
+    def environment(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def secrets(self) -> list[str]:
+        """Values of this job's environment that the report must never show."""
+        return secret_values({**self.environment(), **dict(self.container.env if self.container else ())})
+
+    def key(self) -> str:
+        """Identifies everything that shapes the trajectory; the reference run is cached by it."""
+        shaping = {
+            "command": self.command,
+            "resume": self.resume_command,
+            "resume_args": self.resume_args,
+            "resume_if_exists": self.resume_if_exists,
+            # envelope mode runs the job so it leaves its final tensors readable: its own reference
+            "exactness": self.exactness,
+            "env": self.env,
+            "cwd": self.cwd,
+            "log": self.log.describe() if self.log else None,
+            "storage": self.storage,
+            # a reference run without the state diff keeps no checkpoint: a job that has it on needs its own
+            "state_diff": self.state_diff,
+        }
+        if self.launcher != "python":  # another world size is another trajectory: its own reference
+            shaping["launcher"] = [self.launcher, self.nproc_per_node, self.nnodes]
+        if self.container is not None:  # another image may hold another torch: its own reference
+            shaping["container"] = self.container.describe()
+        return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, Any]:
+        data = asdict(self)  # cost (prices) included: they are the user's figures, not secrets
+        data["env"] = sorted(k for k, _ in self.env)  # names only: values may be secrets
+        data["container"] = self.container.describe() if self.container else None
+        data["log"] = self.log.describe() if self.log else None
+        return data
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Project-wide options from ``[tool.spotchaos]``."""
+
+    output: str = "spotchaos-report"
+    # the scenarios that ship in the package (spotchaos/scenarios) on every declared job: True always,
+    # False never, None (the default) when the project has no spotchaos scenario of its own
+    builtin: bool | None = None
+    jobs: tuple[JobSpec, ...] = field(default_factory=tuple)
+    services: tuple[Any, ...] = field(default_factory=tuple)  # ServiceSpec (spotchaos.config.services)
+    gpus: tuple[str, ...] | None = None  # the machine's GPUs to lease (None: what nvidia-smi lists)
+    ray: Any = None  # RaySettings: the Ray cluster of jobs with backend = "ray"
+
+    def service(self, name: str) -> Any:
+        """The service declared as ``name``, or a ConfigError listing the declared ones."""
+        for service in self.services:
+            if service.name == name:
+                return service
+        known = ", ".join(s.name for s in self.services) or "none"
+        raise ConfigError(f"no service {name!r} in [tool.spotchaos.services] (declared: {known})")
+
+
+_NUMBER_KEYS = (
+    "grace_seconds",
+    "start_timeout_seconds",
+    "event_timeout_seconds",
+    "attempt_timeout_seconds",
+    "overhead_budget",
+    "checkpoint_budget_seconds",
+    "hang_timeout_seconds",
+)
+# Old names that still work, with a DeprecationWarning naming the new one (one name per concept:
+# every duration ends in _seconds).
+_RENAMED = {
+    "start_timeout": "start_timeout_seconds",
+    "event_timeout": "event_timeout_seconds",
+    "attempt_timeout": "attempt_timeout_seconds",
+}
+_JOB_KEYS = {
+    "command",
+    "backend",
+    "ray_resources",
+    "resume_command",
+    "env",
+    "cwd",
+    "provider",
+    "mtbf",
+    "cost",
+    "image",
+    "container",
+    "log",
+    "resume_args",
+    "resume_if_exists",
+    "determinism_runs",
+    "exactness",
+    "envelope_factor",
+    "state_diff",
+    "state_diff_ignore",
+    "parametrize",
+    "storage",
+    "launcher",
+    "nproc_per_node",
+    "nnodes",
+    "max_restarts",
+    "rdzv_port",
+    "reshard_nproc_per_node",
+    "gpus",
+    "framework",
+    *_NUMBER_KEYS,
+    *_RENAMED,
+}
+
+
+def _check_number(value: Any, where: str, what: str, low: float, high: float) -> None:
+    """``low < value <= high``; booleans are not numbers here."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not low < value <= high:
+        raise ConfigError(f"{where}: must be {what} in ({low:g}, {high:g}], got {value!r}")
+
+
+def _mtbf(value: Any, where: str) -> float:
+    if isinstance(value, str):
+        if value not in MTBF_PRESETS:
+            raise ConfigError(f"{where}: unknown preset {value!r} (known: {', '.join(MTBF_PRESETS)}, or seconds)")
+        return MTBF_PRESETS[value]
+    return value
+
+
+def _cost(table: Any, where: str) -> CostInputs:
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: must be a table")
+    known = {*PRICE_KEYS, "production_steps"}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    return CostInputs(**table)
+
+
+_TOP_KEYS = {"output", "builtin", "jobs", "services", "gpus", "ray"}
+
+
+def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpec:
+    """Build a job from one ``[tool.spotchaos.jobs.NAME]`` table, naming any bad key."""
+    table, where = checked_table("jobs", name, table, source, _JOB_KEYS)
+    env = table.get("env", {})
+    if not isinstance(env, Mapping) or not all(isinstance(v, str) for v in env.values()):
+        raise ConfigError(f"{where('env')}: must be a table of strings")
+    cwd = table.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ConfigError(f"{where('cwd')}: must be a string")
+    for old_key, new_key in _RENAMED.items():
+        if old_key in table:
+            if new_key in table:
+                raise ConfigError(f"{where(old_key)}: give {new_key} only (the old name is deprecated)")
+            warnings.warn(
+                f"{where(old_key)} is deprecated: call it {new_key} (it will stop working in a later release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            table = {**table, new_key: table[old_key]}
+    kwargs: dict[str, Any] = {key: table[key] for key in _NUMBER_KEYS if key in table}
+    if "provider" in table:
+        kwargs["provider"] = table["provider"]
+    if "mtbf" in table:
+        kwargs["mtbf_seconds"] = _mtbf(table["mtbf"], where("mtbf"))
+    if "cost" in table:
+        kwargs["cost"] = _cost(table["cost"], where("cost"))
+    if "container" in table and "image" not in table:
+        raise ConfigError(f'{where("container")}: needs an image: add image = "..." to the job')
+    if "image" in table:
+        kwargs["container"] = container_from_mapping(
+            table["image"], table.get("container"), f"{source} [tool.spotchaos.jobs.{name}]"
+        )
+    if "log" in table:
+        kwargs["log"] = log_from_mapping(table["log"], where("log"))
+    if "storage" in table:
+        if table["storage"] not in STORAGES:
+            raise ConfigError(f"{where('storage')}: must be one of {', '.join(STORAGES)}, got {table['storage']!r}")
+        kwargs["storage"] = table["storage"]
+    if "parametrize" in table:
+        if not isinstance(table["parametrize"], bool):
+            raise ConfigError(f"{where('parametrize')}: must be true or false")
+        kwargs["parametrize"] = table["parametrize"]
+    if "resume_args" in table:
+        kwargs["resume_args"] = command_of(table["resume_args"], where("resume_args"))
+    for key in (
+        "resume_if_exists",
+        "determinism_runs",
+        "exactness",
+        "envelope_factor",
+        "launcher",
+        "nproc_per_node",
+        "nnodes",
+        "max_restarts",
+        "rdzv_port",
+        "reshard_nproc_per_node",
+        "gpus",
+        "framework",
+    ):
+        if key in table:
+            kwargs[key] = table[key]
+    if "state_diff" in table:
+        if not isinstance(table["state_diff"], bool):
+            raise ConfigError(f"{where('state_diff')}: must be true or false")
+        kwargs["state_diff"] = table["state_diff"]
+    if "state_diff_ignore" in table:
+        ignore = table["state_diff_ignore"]
+        if not isinstance(ignore, list) or not all(isinstance(p, str) and p for p in ignore):
+            raise ConfigError(
+                f"{where('state_diff_ignore')}: must be a list of patterns such as 'trainer.pt:timestamp'"
+            )
+        kwargs["state_diff_ignore"] = tuple(ignore)
+    if "backend" in table:
+        kwargs["backend"] = table["backend"]
+    if "ray_resources" in table:
+        kwargs["ray_resources"] = _ray_resources(table["ray_resources"], where("ray_resources"))
+    resume = table.get("resume_command")
+    return JobSpec(
+        name=name,
+        command=command_of(table["command"], where("command")),
+        resume_command=command_of(resume, where("resume_command")) if resume is not None else None,
+        env=tuple(sorted(env.items())),
+        cwd=cwd,
+        source=source,
+        **kwargs,
+    )
+
+
+def _ray_resources(table: Any, where: str) -> tuple[tuple[str, float], ...]:
+    if not isinstance(table, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+        for k, v in table.items()
+    ):
+        raise ConfigError(f"{where}: must be a table of amounts, such as {{num_cpus = 1, num_gpus = 1, spot = 1}}")
+    return tuple(sorted((k, float(v)) for k, v in table.items()))
+
+
+@dataclass(frozen=True)
+class RaySettings:
+    """``[tool.spotchaos.ray]``: the user's cluster (``address``) or the local one the gate starts."""
+
+    address: str | None = None
+    workers: int = 2
+    cpus_per_worker: float = 1
+    gpus_per_worker: float = 0  # declared as resources: Ray hands them out, nvidia-smi need not agree
+    resources_per_worker: tuple[tuple[str, float], ...] = ()
+
+
+def _ray_settings(table: Any, where: str) -> RaySettings:
+    known = {"address", "workers", "cpus_per_worker", "gpus_per_worker", "resources_per_worker"}
+    table = only_known(table, where, known, "a table (address, workers, cpus_per_worker, ...)")
+    address = table.get("address")
+    if address is not None and (not isinstance(address, str) or not address):
+        raise ConfigError(f"{where}.address: must be a Ray address such as '127.0.0.1:6379'")
+    workers = table.get("workers", 2)
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 16:
+        raise ConfigError(f"{where}.workers: must be a whole number of worker nodes from 1 to 16, got {workers!r}")
+    for key in ("cpus_per_worker", "gpus_per_worker"):
+        _check_number(table.get(key, 0), f"{where}.{key}", "an amount", -1e-12, 1024)
+    resources = _ray_resources(table.get("resources_per_worker", {}), f"{where}.resources_per_worker")
+    return RaySettings(
+        address=address,
+        workers=workers,
+        cpus_per_worker=table.get("cpus_per_worker", 1),
+        gpus_per_worker=table.get("gpus_per_worker", 0),
+        resources_per_worker=resources,
+    )
+
+
+def load_settings(pyproject: Path) -> Settings:
+    """Read ``[tool.spotchaos]``; a missing file or table gives empty settings."""
+    if not pyproject.is_file():
+        return Settings()
+    try:
+        data = tomllib.loads(pyproject.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{pyproject}: not valid TOML: {exc}") from None
+    table = data.get("tool", {}).get("spotchaos")
+    if table is None:
+        return Settings()
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{pyproject} [tool.spotchaos]: must be a table")
+    unknown = sorted(set(table) - _TOP_KEYS)
+    if unknown:
+        known = ", ".join(sorted(_TOP_KEYS))
+        raise ConfigError(f"{pyproject} [tool.spotchaos].{unknown[0]}: unknown key (known: {known})")
+    output = table.get("output", Settings.output)
+    if not isinstance(output, str) or not output:
+        raise ConfigError(f"{pyproject} [tool.spotchaos].output: must be a non-empty string")
+    builtin = table.get("builtin")
+    if builtin is not None and not isinstance(builtin, bool):
+        raise ConfigError(f"{pyproject} [tool.spotchaos].builtin: must be true or false, got {builtin!r}")
+    jobs_table = table.get("jobs", {})
+    if not isinstance(jobs_table, Mapping):
+        raise ConfigError(f"{pyproject} [tool.spotchaos].jobs: must be a table of jobs")
+    jobs = tuple(job_from_mapping(name, job, str(pyproject)) for name, job in jobs_table.items())
+    services_table = table.get("services", {})
+    if not isinstance(services_table, Mapping):
+        raise ConfigError(f"{pyproject} [tool.spotchaos].services: must be a table of services")
+    from .services import service_from_mapping  # the services' own module: config stays about jobs
+
+    services = tuple(service_from_mapping(name, t, str(pyproject)) for name, t in services_table.items())
+    gpus = None
+    if "gpus" in table:
+        from ..host.gpu_leases import parse_devices
+
+        gpus = parse_devices(table["gpus"], f"{pyproject} [tool.spotchaos].gpus")
+    ray = _ray_settings(table["ray"], f"{pyproject} [tool.spotchaos.ray]") if "ray" in table else RaySettings()
+    return Settings(output=output, builtin=builtin, jobs=jobs, services=services, gpus=gpus, ray=ray)

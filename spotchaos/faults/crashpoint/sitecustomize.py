@@ -1,0 +1,193 @@
+"""Crash points and the step hold for unmodified Python trainers.
+
+Crash points: SIGKILL at the Nth file-system event.
+
+The harness puts this directory first on the trainer's PYTHONPATH; Python imports
+``sitecustomize`` at start-up, which installs an audit hook (PEP 578). The hook sees every
+``open``, ``os.rename``, ``os.replace``, ``os.remove``, ``os.rmdir``, ``os.mkdir`` and
+``shutil.rmtree`` under the run's checkpoint directory *before* it happens, numbers them, logs
+them, and kills the whole process at the chosen one: the crash lands exactly between two steps
+of a checkpoint write, rotation or load. Standard library only, like the probe.
+
+Environment: SPOTCHAOS_CRASH_ROOT (the checkpoint directory), SPOTCHAOS_CRASH_LOG (JSON lines
+of the events seen), SPOTCHAOS_CRASH_AT (1-based index of the event to die before; 0 logs only),
+SPOTCHAOS_CRASH_RANK (a torchrun job: only that rank, in the first run of its worker group, is
+armed and logs; the agent and the other ranks are left alone).
+
+The step hold: a script that prints its steps (the log adapter) is held right after it printed
+the planned step's line, before it runs the next, until the harness has delivered its fault, as
+the probe holds a probe job (see spotchaos/training/engine/hold.py). The printed stream is wrapped; each whole
+line is matched against the job's own step pattern until the planned one is seen, then the
+wrapper steps aside. The wait itself is the probe's (loaded from SPOTCHAOS_HOLD_PROBE, a file),
+so both kinds of job hold the same way. Environment: SPOTCHAOS_HOLD_PATTERN, _PRINTED, _STREAM,
+_SKIP, _PROBE, and the probe's SPOTCHAOS_HOLD_AT, _DIR, _SECONDS.
+
+A sitecustomize the environment had before this one is run after it: putting this folder first
+on PYTHONPATH must not take the user's away.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+_ROOT = os.environ.get("SPOTCHAOS_CRASH_ROOT")
+_LOG = os.environ.get("SPOTCHAOS_CRASH_LOG")
+_AT = int(os.environ.get("SPOTCHAOS_CRASH_AT", "0") or 0)
+_EVENTS = {"open", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
+_count = 0
+_lock = threading.Lock()  # a trainer may unlink or fsync from helper threads: one numbering for all
+_local = threading.local()  # per thread: our own log write must not count
+
+
+def _after_fork_in_child() -> None:
+    """A fork (DataLoader workers) while a helper thread held the lock must not leave the child's held."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _die() -> None:
+    """Die as a SIGKILL would: at once, no handler, no buffer flushed. A container's PID 1 cannot
+    SIGKILL itself (the kernel ignores a signal to a namespace's init from inside it, so the
+    crash never happened and the run went on), so it ends with ``_exit`` and the status a SIGKILL
+    gives (137); the kernel then kills every other process of the container with it."""
+    if os.getpid() == 1:
+        os._exit(128 + signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _under_root(path) -> bool:
+    try:
+        path = os.fsdecode(path)
+    except TypeError:
+        return False
+    return os.path.abspath(path).startswith(_ROOT + os.sep) or os.path.abspath(path) == _ROOT
+
+
+def _describe(event, args):
+    if event == "open":
+        mode = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+        flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
+        writing = any(c in mode for c in "wax+") or bool(flags & (os.O_WRONLY | os.O_RDWR))
+        return ("open-write" if writing else "open-read"), os.fsdecode(args[0])
+    return event, " -> ".join(os.fsdecode(a) for a in args[:2] if isinstance(a, str | bytes | os.PathLike))
+
+
+def _hook(event, args):
+    global _count
+    if getattr(_local, "busy", False) or event not in _EVENTS or not args or not _under_root(args[0]):
+        return
+    _local.busy = True
+    try:
+        with _lock:
+            _count += 1
+            kind, target = _describe(event, args)
+            if _LOG:
+                record = {"index": _count, "event": kind, "path": target, "t": time.time(), "pid": os.getpid()}
+                if os.environ.get("RANK") is not None:  # a torchrun rank: each numbers its own events
+                    record["rank"] = int(os.environ["RANK"])
+                fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                os.write(fd, (json.dumps(record) + "\n").encode())
+                os.close(fd)
+            if _count == _AT:
+                _die()
+    finally:
+        _local.busy = False
+
+
+_RANK = os.environ.get("SPOTCHAOS_CRASH_RANK")
+_ARMED = _RANK is None or (os.environ.get("RANK") == _RANK and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
+
+if _ROOT and _ARMED:
+    _ROOT = os.path.abspath(_ROOT)
+    sys.addaudithook(_hook)
+
+
+class _HeldStream:
+    """The script's stdout or stderr, watched line by line for the planned step's line."""
+
+    def __init__(self, stream, pattern, skip, printed, hold):
+        self._stream = stream
+        self._pattern = pattern
+        self._skip = skip
+        self._printed = printed
+        self._hold = hold
+        self._partial = ""
+
+    def write(self, text):
+        written = self._stream.write(text)
+        if self._hold is not None and isinstance(text, str) and "\n" in text:
+            lines = (self._partial + text).split("\n")
+            self._partial = lines.pop()[-4096:]
+            for line in lines:
+                if self._is_planned(line):
+                    self._stream.flush()  # the harness must read the line it is held after
+                    hold, self._hold = self._hold, None
+                    hold.wait(hold.at)  # the step is the planned one or past it: it waits
+                    break
+        elif self._hold is not None and isinstance(text, str):
+            self._partial = (self._partial + text)[-4096:]
+        return written
+
+    def _is_planned(self, line):
+        if self._skip is not None and self._skip.search(line):
+            return False
+        found = self._pattern.search(line)
+        try:
+            return found is not None and int(found.group("step")) >= self._printed
+        except (IndexError, TypeError, ValueError):
+            return False
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _install_hold():
+    import importlib.util
+
+    try:  # linear time where the job's Python has RE2 (the harness's own matching always does)
+        import re2 as re
+    except ImportError:
+        import re
+
+    spec = importlib.util.spec_from_file_location("_spotchaos_hold_probe", os.environ["SPOTCHAOS_HOLD_PROBE"])
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    hold = probe.StepHold.from_env(int(os.environ.get("RANK") or 0), None)
+    if hold is None:
+        return
+    skip = os.environ.get("SPOTCHAOS_HOLD_SKIP")
+    name = "stderr" if os.environ.get("SPOTCHAOS_HOLD_STREAM") == "stderr" else "stdout"
+    stream = _HeldStream(
+        getattr(sys, name),
+        re.compile(os.environ["SPOTCHAOS_HOLD_PATTERN"]),
+        re.compile(skip) if skip else None,
+        int(os.environ["SPOTCHAOS_HOLD_PRINTED"]),
+        hold,
+    )
+    setattr(sys, name, stream)
+
+
+def _run_the_next_sitecustomize():
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+if os.environ.get("SPOTCHAOS_HOLD_PATTERN") and os.environ.get("SPOTCHAOS_HOLD_PROBE"):
+    import contextlib
+
+    with contextlib.suppress(Exception):  # a hold that cannot be set up leaves the fault reactive
+        _install_hold()
+_run_the_next_sitecustomize()

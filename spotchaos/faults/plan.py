@@ -1,0 +1,88 @@
+"""What chaos a run receives, as plain data: the engine executes it, strategies generate it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+from . import CHECKPOINT_FAULTS, PREEMPTIONS
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Deliver ``fault`` once the attempt has reported step ``at_step`` (or a later one); then,
+    before the restart, apply ``damage`` to the newest checkpoint (``pick`` in [0, 1) chooses
+    the file and the offset)."""
+
+    at_step: int
+    fault: str
+    damage: str | None = None
+    pick: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.fault not in PREEMPTIONS:
+            known = ", ".join(sorted(PREEMPTIONS))
+            raise ConfigError(f"unknown preemption {self.fault!r} (known: {known})")
+        if self.at_step < 0:
+            raise ConfigError(f"preemption step must be >= 0, got {self.at_step}")
+        if self.damage is not None and self.damage not in CHECKPOINT_FAULTS:
+            known = ", ".join(CHECKPOINT_FAULTS)
+            raise ConfigError(f"unknown checkpoint fault {self.damage!r} (known: {known})")
+        if not 0 <= self.pick < 1:
+            raise ConfigError(f"pick must be in [0, 1), got {self.pick}")
+
+    @property
+    def fs_event(self) -> int | None:
+        """For ``crash@N``, N: the job's N-th file-system event under its checkpoint directory (the
+        crash point), not a training step; None for the other faults."""
+        return self.at_step if self.fault == "crash" or self.fault.startswith("crash-rank") else None
+
+    @property
+    def crash_rank(self) -> int | None:
+        """For ``crash-rankR@N``, R: the one rank armed (a torchrun job); None for the others."""
+        return int(self.fault.removeprefix("crash-rank")) if self.fault.startswith("crash-rank") else None
+
+    def __str__(self) -> str:
+        text = f"{self.fault}@{self.at_step}"
+        if self.damage:
+            text += f":{self.damage}" + (f"~{self.pick!r}" if self.pick else "")
+        return text
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A chain of preemptions; attempt ``i`` receives ``preemptions[i]``."""
+
+    preemptions: tuple[Preemption, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Plan:
+        """``"sigterm@5,sigkill@12:truncate-half~0.3"`` -> Plan; the form replay commands use."""
+        items = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            head, _, damage = part.partition(":")
+            fault, _, step = head.partition("@")
+            damage, _, pick = damage.partition("~")
+            if not (step.isascii() and step.isdigit()):
+                raise ConfigError(f"plan item {part!r} must look like FAULT@STEP[:DAMAGE[~PICK]], e.g. sigterm@5")
+            try:
+                pick_value = float(pick) if pick else 0.0
+            except ValueError:
+                raise ConfigError(f"plan item {part!r}: pick {pick!r} is not a number") from None
+            items.append(Preemption(int(step), fault, damage or None, pick_value))
+        return cls(tuple(items))
+
+    def __str__(self) -> str:
+        return ",".join(str(p) for p in self.preemptions) or "none"
+
+    def to_dict(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "fault": p.fault,
+                "at_fs_event" if p.fs_event is not None else "at_step": p.at_step,
+                "damage": p.damage,
+                "pick": p.pick,
+            }
+            for p in self.preemptions
+        ]

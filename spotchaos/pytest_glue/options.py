@@ -1,0 +1,122 @@
+"""Run options resolved once, from the command line, the environment and pyproject.toml.
+
+Precedence: command line > environment > ``[tool.spotchaos]`` > default. Each error names
+where the bad value came from.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..config.jobs import BACKENDS, Settings
+from ..config.profiles import PROFILES
+from ..errors import ConfigError
+from ..faults.plan import Plan
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    seed: int
+    profile: str
+    max_examples: int
+    output: str
+    plan: Plan | None
+    jobs: tuple[str, ...]
+    keep_runs: bool
+    image: str | None = None  # run every job in this container image
+    require_docker: bool = False  # no Docker daemon: fail instead of skipping (always in CI)
+    require_gpu: bool = False  # a job asks for GPUs and there are none: fail instead of skipping
+    verbose: bool = False  # pytest -v: a timing-dependent failure also shows hypothesis's own account
+    parallel: int | None = None  # plans of one scenario run at once (None: the job's GPU leases decide)
+    backend: str | None = None  # run every job on this backend (subprocess, ray; None: as each job says)
+    ray_address: str | None = None  # the user's Ray cluster instead of a local one
+
+
+def resolve(
+    *,
+    seed: str | None,
+    last_seed: int | None,
+    profile: str | None,
+    examples: int | None,
+    output: str | None,
+    plan: str | None,
+    jobs: list[str] | None,
+    keep_runs: bool,
+    environ: Mapping[str, str],
+    settings: Settings,
+    image: str | None = None,
+    require_docker: bool = False,
+    require_gpu: bool = False,
+    verbose: bool = False,
+    parallel: int | None = None,
+    backend: str | None = None,
+    ray_address: str | None = None,
+) -> RunOptions:
+    """Combine the sources; ``seed='last'`` replays the previous session's seed."""
+    if seed is None:
+        seed = environ.get("SPOTCHAOS_SEED")
+    if seed is None:
+        resolved_seed = random.randrange(2**32)
+    elif seed == "last":
+        if last_seed is None:
+            raise ConfigError("--spotchaos-seed=last: no previous spotchaos session is recorded in the cache")
+        resolved_seed = last_seed
+    else:
+        try:
+            resolved_seed = int(seed)
+        except ValueError:
+            raise ConfigError(f"--spotchaos-seed: expected an integer or 'last', got {seed!r}") from None
+        if resolved_seed < 0:
+            raise ConfigError(f"--spotchaos-seed: must be >= 0, got {resolved_seed}")
+
+    profile = profile or environ.get("SPOTCHAOS_PROFILE") or ("quick" if environ.get("CI") else "standard")
+    if profile not in PROFILES:
+        raise ConfigError(f"--spotchaos-profile: expected one of {', '.join(PROFILES)}, got {profile!r}")
+    if examples is not None and examples < 1:
+        raise ConfigError(f"--spotchaos-examples: must be >= 1, got {examples}")
+    if parallel is not None and not 1 <= parallel <= 256:
+        raise ConfigError(f"--spotchaos-parallel: must be from 1 to 256 plans at once, got {parallel}")
+
+    if backend is not None and backend not in BACKENDS:
+        raise ConfigError(f"--spotchaos-backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if ray_address is not None and (not ray_address.strip() or any(c.isspace() for c in ray_address)):
+        raise ConfigError(f"--spotchaos-ray-address: expected an address such as 127.0.0.1:6379, got {ray_address!r}")
+
+    known = {job.name for job in settings.jobs} | {service.name for service in settings.services}
+    for name in jobs or ():
+        if name not in known:
+            raise ConfigError(
+                f"--spotchaos-job: no job or service named {name!r} (declared: {', '.join(sorted(known)) or 'none'})"
+            )
+
+    parsed = Plan.parse(plan) if plan is not None else None
+    if parsed is not None and not parsed.preemptions:
+        raise ConfigError(
+            f"--spotchaos-plan: {plan!r} holds no preemption; give at least one FAULT@STEP, e.g. sigterm@5"
+        )
+
+    return RunOptions(
+        seed=resolved_seed,
+        profile=profile,
+        max_examples=examples or PROFILES[profile],
+        output=output or settings.output,
+        plan=parsed,
+        jobs=tuple(jobs or ()),
+        keep_runs=keep_runs,
+        image=_image(image),
+        # CI must never skip container scenarios for want of a daemon: that would hide a broken setup
+        require_docker=require_docker or bool(environ.get("CI")),
+        require_gpu=require_gpu,
+        verbose=verbose,
+        parallel=parallel,
+        backend=backend,
+        ray_address=ray_address,
+    )
+
+
+def _image(image: str | None) -> str | None:
+    if image is not None and (not image.strip() or any(c.isspace() for c in image)):
+        raise ConfigError(f"--spotchaos-image: expected an image name such as 'repo/train:1.2', got {image!r}")
+    return image

@@ -1,0 +1,497 @@
+"""Gate a training script that knows nothing of spotchaos: its printed log becomes the events.
+
+Declared per job in ``[tool.spotchaos.jobs.NAME.log]``: a regular expression with named groups
+``step`` and ``loss`` matched against stdout (or stderr), a glob for its checkpoint files, and
+where its final weights are. The harness then reads what the script prints the way it reads the
+probe's events: each matching line is a step, each new or rewritten checkpoint file is a
+checkpoint, and a clean exit reads the final weights for the per-tensor digest comparison.
+Checkpoint files are read without running the job's code in the harness
+(:mod:`spotchaos.training.state.checkpoint_reader`), and links among them are never followed.
+
+Printed losses carry only the digits the script prints, so the verdict says how many digits it
+compared; a bit-exact claim needs the probe or the weights digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import stat
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..config.logspec import CHECKPOINT_STEP_MEANINGS, NUMBER, LogSpec, compiled_pattern
+from ..errors import ConfigError, JobError
+from ..extras import require
+from .events import MAX_LINE_SHOWN, MAX_STEP, Event, LineReader
+from .state.checkpoint_reader import ConfinedLoad, NeedsFullUnpickle, read_checkpoint
+
+SCAN_SECONDS = 0.02  # checkpoint files are looked for at most this often (the engine polls every 3 ms)
+ROLLBACK_REASON_CHARS = 200
+
+
+@dataclass(frozen=True)
+class StepConvention:
+    """How a script counts: the printed number of its first step, and what its checkpoint's step
+    key holds (its distance from the 0-based index of the last step the checkpoint contains).
+
+    Scripts differ (``step 1`` or ``step 0`` first; a stored ``step`` that counts steps done or
+    names the next one), and a wrong guess turns every checkpoint one step early or late: a red
+    build on a correct script. So the uninterrupted run teaches it (see ``LogEventReader.learn``),
+    an explicit setting overrides it, and the report says which.
+    """
+
+    first_step: int = 0
+    key_offset: int | None = 1  # None: no step key, a checkpoint is credited to the last printed step
+    learned_from: str = "the defaults"
+
+    def report(self, spec: LogSpec) -> dict[str, Any]:
+        """What the run record (and so the report) carries: the fields and their description."""
+        return {**asdict(self), **self.describe(spec)}
+
+    def describe(self, spec: LogSpec) -> dict[str, Any]:
+        meaning = None
+        if self.key_offset is not None:
+            names = [n for n, f in CHECKPOINT_STEP_MEANINGS.items() if f(self.first_step) == self.key_offset]
+            meaning = " = ".join(names)
+        return {
+            "first_step": self.first_step,
+            "checkpoint_step_key": spec.checkpoint_step_key,
+            "checkpoint_step": meaning,
+            "learned_from": self.learned_from,
+            "text": self.text(spec),
+        }
+
+    def text(self, spec: LogSpec) -> str:
+        said = f"steps printed from {self.first_step}"
+        if self.key_offset is not None:
+            described = {
+                self.first_step: "the printed number of the last step it holds",
+                self.first_step + 1: "the printed number of the step to run next",
+                1: "the number of steps completed",
+            }
+            said += f"; checkpoint key {spec.checkpoint_step_key!r} holds {described[self.key_offset]}"
+        return f"{said} ({self.learned_from})"
+
+
+def convention_from_dict(data: dict[str, Any] | None) -> StepConvention | None:
+    if data is None:
+        return None
+    return StepConvention(data["first_step"], data["key_offset"], data["learned_from"])
+
+
+def significant_digits(text: str) -> int:
+    """Digits of a printed number that carry information: '0.012300' -> 5, '1.5e-03' -> 2."""
+    mantissa = re.split(r"[eE]", text.strip().lstrip("+-"))[0]
+    digits = mantissa.replace(".", "").lstrip("0")
+    return max(1, len(digits)) if digits else 1
+
+
+class LogEventReader:
+    """Turns a script's output and checkpoint files into contract events, incrementally.
+
+    Same surface as :class:`spotchaos.training.events.EventReader` (``read_new``, ``events``,
+    ``torn_tail``, ``close``), plus ``finish`` for the final weights once the script exits 0 and
+    ``learn`` for the uninterrupted run, which teaches the script's step convention. Steps in the
+    events count from 0 whatever the script prints.
+    """
+
+    def __init__(
+        self,
+        log_path: Path,
+        spec: LogSpec,
+        checkpoint_dir: Path,
+        job: str,
+        confined: ConfinedLoad | None = None,
+        convention: StepConvention | None = None,
+        line_latency: float = 0.0,
+    ) -> None:
+        self.path = log_path
+        # how late a printed line may reach the log after the file the script saved next: a
+        # container's output comes through the daemon's log stream, a loaded machine's late
+        self.line_latency = line_latency
+        self.confined = confined  # reads a checkpoint that needs a full unpickle, in the job's confinement
+        self.spec = spec
+        self.checkpoint_dir = checkpoint_dir
+        self.job = job
+        self.events: list[Event] = []
+        # None: this is the uninterrupted run, which learns the convention (checked harder, too)
+        self.learning = convention is None
+        offset = CHECKPOINT_STEP_MEANINGS[spec.checkpoint_step](spec.first_step or 0) if spec.checkpoint_step else 1
+        self.convention = convention or StepConvention(spec.first_step or 0, offset)
+        self._regex = spec.regex
+        rollback = spec.rollback_pattern
+        self._rollback = compiled_pattern(rollback, f"{spec.where}.rollback_pattern") if rollback else None
+        self._lines = LineReader(log_path, f"{spec.stream} log")
+        self._seen_files: dict[Path, tuple[int, int]] = {}
+        self._unreadable: dict[Path, tuple[int, int]] = {}  # not whole yet at this (mtime, size): not read again
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotchaos-confined-read")
+        self._pending: list[tuple[Path, int, int, Future]] = []  # checkpoints being read in the job's confinement
+        self._scanned_at = 0.0
+        self._last_step: int | None = None  # 0-based
+        self._printed_first: int | None = None
+        self._families: dict[str, str] = {}  # the default pattern's kinds of matched line -> an example
+        self._started = False
+        self.final_stored: int | None = None  # the step key of the final weights' file
+        self.digits: int | None = None  # the fewest significant digits any compared loss had
+        self.torn_tail = b""  # printed text has no torn events: a half line is just not a step yet
+        if spec.checkpoint_step_key is not None or spec.final_weights is not None:
+            # torch's first import takes seconds: done now, before the job starts, not at its first
+            # checkpoint, while the job runs on and rotates that checkpoint away unseen
+            require("torch", "torch", "reading a log-adapter job's checkpoints")
+
+    def read_new(self) -> list[Event]:
+        new: list[Event] = []
+        for raw in self._lines.read_lines():
+            new.extend(self._line(raw.decode("utf-8", "replace")))
+        new.extend(self._new_checkpoints())
+        self.events.extend(new)
+        return new
+
+    def look_now(self) -> list[Event]:
+        """Read what is new with a checkpoint scan now, whenever the last one was: before a fault
+        is delivered, so each checkpoint already on disk is on the record as having come before it."""
+        self._scanned_at = 0.0
+        return self.read_new()
+
+    def _event(self, kind: str, **fields: Any) -> Event:
+        return {"event": kind, "t": time.time(), "rank": 0, **fields}
+
+    def _line(self, line: str) -> list[Event]:
+        if self._rollback is not None and (rolled := self._rollback.search(line)) is not None:
+            return [self._rollback_event(line, rolled)]
+        found = self._regex.search(line)
+        if found is None:
+            return []
+        step_text, loss_text = found.group("step"), found.group("loss")
+        try:
+            printed = int(step_text)
+        except (TypeError, ValueError):
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its step group "
+                f"{step_text!r} is not an integer"
+            ) from None
+        if not 0 <= printed < MAX_STEP:
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.pattern matched a line whose step group is out of range "
+                f"({len(step_text)} digits; from 0 to {MAX_STEP - 1}): {line.strip()[:MAX_LINE_SHOWN]!r}"
+            )
+        try:
+            loss = float(loss_text)
+        except (TypeError, ValueError):
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its loss group "
+                f"{loss_text!r} does not parse as a number"
+            ) from None
+        if self.learning:
+            self._check_line(line, found, printed)
+        events = []
+        if not self._started:
+            self._started = True
+            events.append(self._event("start", schema=1, source="log"))
+        if math.isfinite(loss):
+            digits = significant_digits(loss_text)
+            self.digits = digits if self.digits is None else min(self.digits, digits)
+        step = printed - self.convention.first_step
+        self._last_step = step
+        events.append(self._event("step", step=step, loss=loss.hex(), printed=loss_text))
+        return events
+
+    def _check_line(self, line: str, found: Any, printed: int) -> None:
+        """The uninterrupted run must print one matching line per step, counted from 0 or 1, and
+        the default pattern must not be matching two kinds of line: every other judgment rests on it."""
+        where = f"job {self.job!r}: {self.spec.where}.pattern"
+        if self.spec.default_pattern:
+            family = re.sub(NUMBER, "#", found.group(0))
+            self._families.setdefault(family, line.strip()[:120])
+            if len(self._families) > 1:
+                examples = "; ".join(repr(e) for e in self._families.values())
+                raise ConfigError(
+                    f"{where}: the default pattern matches two kinds of line ({examples}) and will not guess which "
+                    "one is the training step: set log.pattern to the line printed once per step, e.g. "
+                    r"'iter (?P<step>\d+): loss (?P<loss>[-+0-9.eE]+|nan|inf)'"
+                )
+        if self._printed_first is None:
+            self._printed_first = printed
+            if self.spec.first_step is None:
+                if printed not in (0, 1):
+                    raise ConfigError(
+                        f"{where}: the uninterrupted run's first matching line is step {printed} ({line.strip()!r}); "
+                        "spotchaos needs a line for every step, counted from 0 or 1 (set log.first_step if the "
+                        "script counts from 0 or 1 and prints something else first)"
+                    )
+                self.convention = replace(self.convention, first_step=printed)
+            elif printed != self.spec.first_step:
+                raise ConfigError(
+                    f"{where}: log.first_step is {self.spec.first_step} but the uninterrupted run's first step line "
+                    f"is step {printed} ({line.strip()!r})"
+                )
+        elif self._last_step is not None and printed - self.convention.first_step != self._last_step + 1:
+            previous = self._last_step + self.convention.first_step
+            raise ConfigError(
+                f"{where}: the uninterrupted run printed step {printed} right after step {previous} "
+                f"({line.strip()!r}): the pattern must match exactly one line per step (is it matching evaluation "
+                "lines, or does the script log only every few steps? it must log every step)"
+            )
+
+    def _rollback_event(self, line: str, found: Any) -> Event:
+        """The script says it skipped a checkpoint that did not verify: the probe's rollback event."""
+        named = found.groupdict().get("path")
+        uri = ""
+        if named:
+            path = Path(named)
+            path = path if path.is_absolute() else self.checkpoint_dir / path
+            uri = Path(os.path.normpath(path)).as_uri()  # as text, never resolved
+        return self._event("rollback", skipped_uri=uri, reason=line.strip()[:ROLLBACK_REASON_CHARS])
+
+    def _complete(self, path: Path) -> bool:
+        """Every companion file the script writes before it trusts the checkpoint is there (a
+        regular file, reached without a link)."""
+        for companion in self.spec.companions(path):
+            try:
+                if not stat.S_ISREG(os.lstat(companion).st_mode):
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def _new_checkpoints(self) -> list[Event]:
+        """A checkpoint file that appeared or changed since the last poll, after a printed step."""
+        if self.spec.checkpoints is None or self._last_step is None:
+            return []
+        now = time.monotonic()
+        if now - self._scanned_at < SCAN_SECONDS:
+            return []  # a directory listing per poll would cost more than the job's own I/O
+        self._scanned_at = now
+        events = self._confined_results()
+        for path in sorted(self.checkpoint_dir.glob(self.spec.checkpoints)):
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                raise ConfigError(_folder_glob(self.spec.checkpoints, path.name, self.spec.where))
+            signature = (info.st_mtime_ns, info.st_size)
+            if not stat.S_ISREG(info.st_mode) or signature in (self._seen_files.get(path), self._unreadable.get(path)):
+                continue  # a link is never followed: its target, if it is a checkpoint, counts itself
+            if not self._complete(path):
+                continue  # not durable until the script's own marker of a whole checkpoint is written
+            if self.spec.checkpoint_step_key is None:
+                self._seen_files[path] = signature
+                events.append(self._checkpoint(path, self._last_step, info.st_size))
+                continue
+            try:
+                summary = read_checkpoint(path, self.spec.checkpoint_step_key, None, None, self.checkpoint_dir)
+            except NeedsFullUnpickle:
+                if self.confined is None:
+                    self._unreadable[path] = signature
+                    continue
+                # read in the job's confinement, in the background: a helper process's start-up
+                # (seconds, with torch) must not stall the engine's polls, its faults and timeouts
+                self._seen_files[path] = signature
+                future = self._pool.submit(self.confined, path, self.spec.checkpoint_step_key, None)
+                self._pending.append((path, info, (self._last_step, time.time()), future))
+                continue
+            except Exception:  # torn, still being written, a link in its path: look again once it changes
+                self._unreadable[path] = signature
+                continue
+            if summary.get("step") is None:
+                self._unreadable[path] = signature
+                continue
+            self._seen_files[path] = signature
+            events.append(self._stored_checkpoint(path, summary["step"], info, (self._last_step, time.time())))
+        return events
+
+    def _stored_checkpoint(
+        self, path: Path, stored: int, info: os.stat_result, found: tuple[int | None, float]
+    ) -> Event:
+        event = self._checkpoint(path, stored - (self.convention.key_offset or 0), info.st_size)
+        event["stored"] = stored  # the raw key: the uninterrupted run learns the convention from it
+        # the version of the file whose key was read: a copy kept for the state diff must be this
+        # one, not a later save the script wrote over it before the copy (state_diff.keep)
+        event["mtime_ns"] = info.st_mtime_ns
+        event["seen_after"], event["found_at"] = found  # the last step line read when the file was found, and when
+        return event
+
+    def _checkpoint(self, path: Path, step: int, size: int) -> Event:
+        return self._event(
+            "checkpoint",
+            step=step,
+            seconds=0.0,  # a script without the probe does not say how long it blocked
+            bytes=size,
+            uri=path.absolute().as_uri(),  # never resolved: resolving follows links
+            reason="observed",
+        )
+
+    def _confined_results(self, wait: bool = False) -> list[Event]:
+        """Checkpoint events for the background reads that have finished (all of them, with ``wait``)."""
+        events, still = [], []
+        for path, info, seen_after, future in self._pending:
+            if not (wait or future.done()):
+                still.append((path, info, seen_after, future))
+                continue
+            try:
+                step = future.result().get("step")
+            except Exception:  # torn, or the helper failed: not a checkpoint
+                step = None
+            if step is not None:
+                events.append(self._stored_checkpoint(path, step, info, seen_after))
+        self._pending = still
+        return events
+
+    def final_path(self) -> Path | None:
+        """The final weights' file: ``final_weights`` itself, or the newest complete file its glob
+        matches (a script that names checkpoints by step), links never among them."""
+        name = self.spec.final_weights
+        if name is None:
+            return None
+        if not any(c in name for c in "*?["):
+            return self.checkpoint_dir / name
+        found = []
+        for path in self.checkpoint_dir.glob(name):
+            with contextlib.suppress(OSError):
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and self._complete(path):
+                    found.append((info.st_mtime_ns, path.name, path))
+        if not found:
+            raise JobError(
+                f"job {self.job!r}: {self.spec.where}.final_weights: no complete file matches {name!r} "
+                "after a clean exit"
+            )
+        return max(found)[2]
+
+    def finish(self, exit_code: int | None) -> None:
+        """After a clean exit: the final event, with the weights' digests when they are configured."""
+        if exit_code != 0:
+            return
+        digests: dict[str, str] = {}
+        path = self.final_path()
+        if path is not None:
+            digests, self.final_stored = final_state(path, self.spec, self.job, self.confined, self.checkpoint_dir)
+        # A restart with nothing left to train prints no step: its final step is the last one the
+        # final checkpoint holds, so the verdict sees where it resumed.
+        step = self._last_step
+        if step is None:
+            offset = self.convention.key_offset
+            step = self.final_stored - offset if self.final_stored is not None and offset is not None else -1
+        self.events.append(self._event("final", step=step, digests=digests))
+
+    def learn(self) -> StepConvention:
+        """After the uninterrupted run: what the step key holds, from its newest checkpoint (the
+        final weights' file, else the newest one seen) against the last step printed. A script
+        whose final checkpoint holds its last step tells it exactly; the checkpoints seen during
+        the run, re-credited, are then checked against it."""
+        spec = self.spec
+        first = self.convention.first_step
+        said = f"its first step line is step {self._printed_first}"
+        sources = [said + (f" ({spec.where}.first_step)" if spec.first_step is not None else "")]
+        offset = self.convention.key_offset
+        last = -1 if self._last_step is None else self._last_step
+        if spec.checkpoint_step_key is None:
+            offset = None
+        elif spec.checkpoint_step is not None:
+            sources.append(f"{spec.where}.checkpoint_step = {spec.checkpoint_step!r}")
+        else:
+            stored = [e["stored"] for e in self.events if e["event"] == "checkpoint" and "stored" in e]
+            newest = self.final_stored if self.final_stored is not None else max(stored, default=None)
+            candidates = {f(first) for f in CHECKPOINT_STEP_MEANINGS.values()}
+            if newest is None or newest - last not in candidates:
+                raise ConfigError(
+                    f"job {self.job!r}: {spec.where}.checkpoint_step_key {spec.checkpoint_step_key!r}: cannot tell "
+                    f"what it holds: the uninterrupted run's last step line is step {last + first} and its newest "
+                    f"checkpoint holds {newest} (a script that saves after its last step tells; else set "
+                    f"{spec.where}.checkpoint_step to 'completed', 'last' or 'next')"
+                )
+            offset = newest - last
+            _check_not_ahead(self.events, offset, first, self.job, spec, self.line_latency)
+            sources.append(
+                f"its newest checkpoint holds {spec.checkpoint_step_key}={newest} after step line {last + first}"
+            )
+        convention = StepConvention(first, offset, "learned from the uninterrupted run: " + "; ".join(sources))
+        self.convention = convention
+        for event in self.events:  # re-credit what was seen while the convention was not known yet
+            if event["event"] != "checkpoint" or "stored" not in event or offset is None:
+                continue
+            event["step"] = event["stored"] - offset
+            if not -1 <= event["step"] <= last:
+                raise ConfigError(
+                    f"job {self.job!r}: {spec.where}.checkpoint_step_key: a checkpoint of the uninterrupted run "
+                    f"holds {spec.checkpoint_step_key}={event['stored']}, which is no step the run printed when "
+                    f"{convention.text(spec)}"
+                )
+        return convention
+
+    def close(self) -> None:
+        """The attempt is over: one last look for a checkpoint written just before the exit, and
+        the results of every background read."""
+        self._scanned_at = 0.0
+        self.events.extend(self._new_checkpoints())
+        self.events.extend(self._confined_results(wait=True))
+        self._pool.shutdown(wait=True)
+        self._lines.close()
+
+
+def _check_not_ahead(
+    events: list[Event], offset: int, first: int, job: str, spec: LogSpec, line_latency: float = 0.0
+) -> None:
+    """A reading of the step key under which most checkpoints appeared before the step line of
+    the last step they would hold is wrong: the script saves before it runs that step (nanoGPT
+    saves ``iter_num`` at its evaluation, before the step of that number), so its newest
+    checkpoint does not hold its last step and cannot teach the convention. A script that saves
+    right before printing is seen ahead only when the harness looks in that instant, rarely."""
+    seen = [e for e in events if e["event"] == "checkpoint" and "stored" in e]
+    steps = [(e["t"], e["step"]) for e in events if e["event"] == "step"]
+    for e in seen:  # a line printed before the save may reach the log up to line_latency after the file
+        late = [step for t, step in steps if t <= e["found_at"] + line_latency]
+        e["seen_after"] = max([e["seen_after"], *late], key=lambda step: -1 if step is None else step)
+    ahead = [e for e in seen if e["stored"] - offset > e["seen_after"]]
+    if len(ahead) >= 2 and 2 * len(ahead) >= len(seen):
+        key, example = spec.checkpoint_step_key, ahead[0]
+        raise ConfigError(
+            f"job {job!r}: {spec.where}.checkpoint_step_key {key!r}: cannot tell what it holds: read from its newest "
+            f"checkpoint, {len(ahead)} of {len(seen)} checkpoints would hold a step whose line was not printed yet "
+            f"when the file appeared ({key}={example['stored']} after step line {example['seen_after'] + first}): "
+            f"the script saves before it runs the step it names; set {spec.where}.checkpoint_step "
+            "(nanoGPT: 'completed')"
+        )
+
+
+def final_state(
+    path: Path, spec: LogSpec, job: str, confined: ConfinedLoad | None = None, root: Path | None = None
+) -> tuple[dict[str, str], int | None]:
+    """Per-tensor digests of the state dict in ``path`` (under ``spec.final_key``, if given), and the
+    steps completed it stores (``checkpoint_step_key``; None without one), read in one load."""
+    where = f"job {job!r}: {spec.where}.final_weights"
+    try:
+        summary = read_checkpoint(
+            path, spec.checkpoint_step_key, spec.final_key, confined, path.parent if root is None else root
+        )
+    except FileNotFoundError:
+        raise JobError(f"{where}: {path} does not exist after a clean exit") from None
+    except JobError as exc:
+        raise JobError(f"{where}: {exc}") from None
+    except Exception as exc:
+        raise JobError(f"{where}: cannot load {path}: {exc}") from None
+    if summary.get("digests") is None:
+        if spec.final_key is not None:
+            keys = ", ".join(map(repr, summary.get("keys") or [])) or summary.get("holds") or "not a dict"
+            raise JobError(f"job {job!r}: {spec.where}.final_key {spec.final_key!r} is not in {path.name} ({keys})")
+        raise JobError(
+            f"job {job!r}: {path.name} holds a {summary.get('holds') or 'value'}, not a state dict: set final_key"
+        )
+    return summary["digests"], summary.get("step")
+
+
+def _folder_glob(pattern: str, folder: str, where: str) -> str:
+    """The one message for a checkpoint glob that matches folders: tracking nothing would pass
+    every scenario without testing one."""
+    return (
+        f"{where}.checkpoints = {pattern!r} matches the folder {folder}/: the log adapter reads checkpoint files. "
+        f"Name a file inside each, e.g. '{pattern}/model.safetensors' (with checkpoint_complete for the file the "
+        "job writes last), or gate a Trainer, Lightning or accelerate job with its integration (docs/frameworks.md)"
+    )

@@ -1,0 +1,239 @@
+"""Jobs under torchrun (TorchElastic): the agents of a job, the handle over all of them, and the
+rank-level faults (one rank killed, one rank stopped, a node lost).
+
+The job runs on the distributed engine its users run in production: ``python -m
+torch.distributed.run``, one agent per "node", a c10d rendezvous on 127.0.0.1. What that engine
+does is not reimplemented here, only observed and provoked: the agent forwards a SIGTERM to its
+workers and SIGKILLs them 30 s later whatever the provider's grace; it restarts the whole worker
+group when one rank dies (``--max-restarts``); workers run in sessions of their own, so only the
+run's marker variable finds them all. Ranks are known from the probe's ``start`` events (pid and
+rank) and trusted only once the process carries the run's marker.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from ...backends.base import Backend, LaunchSpec
+from ...config.declare import PYTHON_ALIASES
+from ...config.jobs import JobSpec
+from ...errors import JobError
+from ...host.ports import free_port
+from ...host.processes import carrying, end
+from .ranked import LaunchedNode, RankedHandle
+
+ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>": finds one node's processes
+MONITOR_INTERVAL = "0.1"  # how often an agent looks at its workers (seconds)
+
+
+def check_port(job: JobSpec, port: int) -> None:
+    """A configured rendezvous port that is taken is the user's to fix, said before any agent starts."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise JobError(
+                    f"{job.where('rdzv_port')}: port {port} on 127.0.0.1 is already taken, so torchrun's rendezvous "
+                    "cannot listen there; free it or leave rdzv_port unset (a free port is picked)"
+                ) from None
+            raise
+
+
+def agent_argv(job: JobSpec, argv: tuple[str, ...], *, node: int, port: int, run_id: str) -> tuple[str, ...]:
+    """One node's torchrun command: the job's own command after torchrun's options."""
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={job.nproc_per_node}",
+        f"--nnodes={job.nnodes}",
+        f"--max-restarts={job.max_restarts}",
+        f"--monitor-interval={MONITOR_INTERVAL}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=is_host={1 if node == 0 else 0}",  # node 0 holds the store: the one never lost
+        "--local-addr=127.0.0.1",  # MASTER_ADDR on loopback, never the host name's address
+    ]
+    if argv[0] in (sys.executable, *PYTHON_ALIASES):
+        return (*launcher, *argv[1:])  # "-m module" and "script.py" are torchrun's own forms
+    return (*launcher, "--no-python", *argv)
+
+
+def loopback_environment() -> dict[str, str]:
+    """Collectives on loopback only: gloo and nccl bind the interface they are told."""
+    return {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+
+
+class TorchrunHandle(RankedHandle):
+    """Every agent of one attempt (one per node) and every rank they start, as one handle."""
+
+    launcher = "torchrun"
+    notice_lag_seconds = 5.0  # the agent forwards a SIGTERM to its ranks: a held rank waits this long for it
+
+    def __init__(self, backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> None:
+        super().__init__(job, run_id)
+        self.backend = backend
+        self.port = job.rdzv_port or free_port()
+        if job.rdzv_port:
+            check_port(job, self.port)
+        self.base_spec = spec
+        try:
+            for node in range(job.nnodes):
+                node_spec = self._node_spec(node)
+                self.nodes.append(LaunchedNode(node, backend.start(node_spec)))
+        except BaseException:
+            self.cleanup()
+            raise
+        self.identity = {**getattr(self.nodes[0].handle, "identity", {})}
+
+    def _node_spec(self, node: int) -> LaunchSpec:
+        spec = self.base_spec
+        suffix = f".node{node}" if node else ""
+        env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}"}
+        argv = agent_argv(self.job, spec.argv, node=node, port=self.port, run_id=self.run_id)
+        return replace(
+            spec,
+            argv=argv,
+            env=env,
+            stdout_path=spec.stdout_path.with_name(spec.stdout_path.stem + suffix + ".log"),
+            stderr_path=spec.stderr_path.with_name(spec.stderr_path.stem + suffix + ".log"),
+        )
+
+    def lose_node(self, index: int) -> None:
+        if not 0 < index < len(self.nodes):
+            raise JobError(
+                f"job {self.job.name!r}: lose-node{index} needs a node {index} other than node 0, which holds the "
+                f"rendezvous store (the job has nnodes = {self.job.nnodes})"
+            )
+        node = self.nodes[index]
+        self._end_node(node)
+        self.delivery_note = f"node {index} lost (its agent and workers SIGKILLed)"
+
+    def _end_node(self, node: LaunchedNode) -> None:
+        node.handle.kill()
+        end(carrying(f"{ENV_NODE}={self.run_id}:{node.index}"))
+
+    # --- Handle -----------------------------------------------------------------------------------
+    @property
+    def placement(self) -> dict | None:
+        """Where each torchrun node ran, on a cluster backend (the Ray node of each agent)."""
+        placed = [getattr(node.handle, "placement", None) for node in self.nodes]
+        return {"torchrun_nodes": placed} if any(placed) else None
+
+
+def start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> TorchrunHandle:
+    """Start every agent of one attempt of ``job``."""
+    if backend.name not in ("subprocess", "ray"):
+        raise JobError(
+            f"{job.where('launcher')}: torchrun jobs run on the subprocess or ray backend, not {backend.name}"
+        )
+    return TorchrunHandle(backend, job, spec, run_id)
+
+
+def exited_on_notice(stderr_tail: str) -> bool:
+    """torchrun's agent answers a SIGTERM by stopping its workers and exiting 1 with this exception:
+    the exit is the launcher's, not a failed checkpoint (the ranks' events say how they ended)."""
+    return "SignalException" in stderr_tail and "got signal: 15" in stderr_tail
+
+
+RANK_ERROR = re.compile(r"^\[rank(\d+)\]: ((?:[\w.]+)?(?:Error|Exception)\b.*)$", re.MULTILINE)
+
+
+def rank_errors(stderr_tail: str) -> str:
+    """The exception each rank died with, from torchrun's "[rankN]: ..." lines: under the agent's
+    own failure banner, these name the cause ("rank 1: RuntimeError: ..."); empty if none."""
+    last: dict[int, str] = {}
+    for match in RANK_ERROR.finditer(stderr_tail):
+        last[int(match.group(1))] = match.group(2)[:300]
+    return "; ".join(f"rank {rank}: {text}" for rank, text in sorted(last.items()))
+
+
+def killed_workers(stderr_tail: str) -> bool:
+    """Whether the agent SIGKILLed workers that outlived its 30 s after the notice it forwarded."""
+    return "Unable to shutdown process" in stderr_tail and "forcefully exiting via" in stderr_tail
+
+
+def uri_path(uri: str) -> Path:
+    """The local path of a ``file://`` URI the job reported (percent-decoded, normalised as text,
+    never resolved): a run folder's name holds a ``+`` that a URI encodes."""
+    return Path(os.path.normpath(unquote(urlparse(uri).path) or "."))
+
+
+def published_without_metadata(run_attempts: list, root: Path | str) -> list[str]:
+    """Checkpoints the job reported durable whose directory holds shards but no ``.metadata``
+    (torch.distributed.checkpoint's index, written by the coordinator after every shard): it was
+    published before every shard was durable. Only paths inside the run's own directory are
+    looked at, as text, never resolved."""
+    root = Path(os.path.abspath(root))
+    found = []
+    for attempt in run_attempts:
+        for event in attempt.of_kind("checkpoint"):
+            path = uri_path(str(event.get("uri", "")))
+            if not path.is_relative_to(root) or path == root or os.path.islink(path) or not path.is_dir():
+                continue
+            if not os.path.lexists(path / ".metadata"):
+                found.append(
+                    f"checkpoint {path.name} (after step {event['step']}, attempt {attempt.index}) was reported "
+                    "durable but has no .metadata: it was published before every shard was written, so a rank killed "
+                    "in between leaves a checkpoint the restart trusts; publish (manifest, probe.checkpoint) last"
+                )
+    return found[:1]
+
+
+MISSING_FILE = re.compile(r"(?:FileNotFoundError|No such file or directory)[^\n]*?'(/[^'\n]+)'")
+RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.I)
+
+
+def published_before_ranks(run_attempts: list, root: Path | str) -> list[str]:
+    """A checkpoint the job reported durable that a restart then died reading a missing file of:
+    it was marked complete before every rank had written its own files (rank 0 published without
+    a barrier, and a rank was killed before its file). Names the checkpoint, the file that
+    published it (the newest in its folder) and the missing one with the rank it belongs to. Only
+    paths inside the run's own directory are looked at, as text, never resolved."""
+    root = Path(os.path.abspath(root))
+    published: dict[Path, tuple[int, int]] = {}
+    for attempt in run_attempts:
+        for event in attempt.of_kind("checkpoint"):
+            path = uri_path(str(event.get("uri", "")))
+            if path.is_relative_to(root) and path != root:
+                published.setdefault(path, (event["step"], attempt.index))
+    for attempt in run_attempts[1:]:
+        for match in MISSING_FILE.finditer(attempt.stderr_tail or ""):
+            missing = Path(os.path.normpath(match.group(1)))
+            folder = next((f for f in published if missing.is_relative_to(f) and missing != f), None)
+            if folder is None or os.path.lexists(missing):
+                continue
+            step, index = published[folder]
+            rank = RANK_IN_NAME.search(missing.name)
+            whose = f"rank {rank.group(1)}'s " if rank else ""
+            publisher = _newest_file(folder)
+            by = f" ({publisher} was written last, so it published the checkpoint)" if publisher else ""
+            return [
+                f"checkpoint {folder.name} (after step {step}, attempt {index}) was published before every rank had "
+                f"written its files: {whose}{missing.relative_to(folder)} did not exist when the checkpoint was "
+                f"marked complete{by}, and attempt {attempt.index} died reading it; publish (the manifest, the "
+                "marker, probe.checkpoint) only after a barrier that every rank reaches once its own files are written"
+            ]
+    return []
+
+
+def _newest_file(folder: Path) -> str | None:
+    """The name of the regular file in ``folder`` written last (by mtime), without following links."""
+    try:
+        entries = [
+            (e.stat(follow_symlinks=False).st_mtime_ns, e.name)
+            for e in os.scandir(folder)
+            if e.is_file(follow_symlinks=False)
+        ]
+    except OSError:
+        return None
+    return max(entries)[1] if entries else None

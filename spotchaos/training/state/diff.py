@@ -1,0 +1,227 @@
+"""Name the state a resume did not restore, and catch what no loss shows yet.
+
+The uninterrupted run's checkpoints are kept as they appear (a trainer rotates them away), and
+so are those a chaos run writes after a resume. Each of the latter is compared with the
+reference's of the same step, file by file and key by key through nested dicts, lists and
+tensors: ``trainer.pt:scheduler.last_epoch: 12 vs 13``, ``optimizer.pt:state.3.exp_avg:
+differs``. When the run diverged, that names the cause; when it did not, a difference is a
+*latent* failure: a scheduler counter restored wrong where it happens not to matter yet, an RNG
+nothing has drawn from yet.
+
+Each file is read in its own format through link-refusing fds (``state_formats``: safetensors,
+numpy, JSON, torch with ``weights_only=True``); identical bytes are equal state, a file no format
+reads is compared as bytes, and a torch file that needs a full unpickle is compared inside the
+job's confinement (``confined/state_diff.py``). Paths of each run's own directory compare as
+``{run}``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ...safety.safefs import UnsafeFile, open_beneath, regular_files
+from .checkpoint_reader import ConfinedLoader
+from .confined.state_diff import diff
+from .formats import AsBytes, NeedsConfinement, load_state, same_bytes
+
+KEPT_SUFFIX = ".kept"
+KEEP_BYTES = 256 << 20  # a checkpoint larger than this is not kept: said, not compared
+SHOWN = 8  # differences shown per checkpoint
+
+
+def kept_dir(workdir: Path | str) -> Path:
+    """Where a run's kept checkpoints go: beside its folder, not in it, so no job (nor a container,
+    which gets only the run's folder) can plant a link where the harness writes its copies."""
+    workdir = Path(workdir)
+    return workdir.parent / f"{workdir.name}{KEPT_SUFFIX}"
+
+
+def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> None:
+    """Copy the checkpoint a ``checkpoint`` event reports (a file, or a folder of files) to
+    ``into/a<attempt>-s<step>/``: regular files only, no link followed, only from inside the run's
+    checkpoint directory, whole or not at all (the job may rotate it away while it is copied)."""
+    if event.get("reason") == "observed" and "stored" not in event:
+        return  # a log-adapter checkpoint credited to the step printed when it was seen: timing, not content
+    parsed = urlparse(event.get("uri", ""))
+    if parsed.scheme not in ("", "file"):
+        return  # S3 objects are not kept
+    path = Path(os.path.normpath(unquote(parsed.path) or "."))
+    if not path.is_absolute() or not path.is_relative_to(checkpoints) or path == checkpoints:
+        return
+    # a log-adapter checkpoint by the key it stores (its step is re-credited once the uninterrupted
+    # run has taught the convention), a probe's by its step
+    label = f"k{event['stored']}" if "stored" in event else f"s{event['step']}"
+    final = into / f"a{attempt}-{label}"
+    if final.exists():
+        return
+    partial = into / f".partial-{final.name}"
+    try:
+        partial.mkdir()  # refuses anything already there, a link included
+    except OSError:
+        return
+    try:
+        folder = path.is_dir() and not path.is_symlink()
+        files = regular_files(path) if folder else [path]
+        total = 0
+        for file in files:
+            fd = open_beneath(checkpoints, file.relative_to(checkpoints))
+            with os.fdopen(fd, "rb") as source:
+                before = os.fstat(source.fileno())
+                if rewritten(event, before, in_folder=folder):
+                    raise Rewritten
+                total += before.st_size
+                if total > KEEP_BYTES:
+                    (into / f"{final.name}.too-big").write_text(str(total))
+                    raise OverflowError
+                name = file.relative_to(path) if path.is_dir() else Path(file.name)
+                (partial / name).parent.mkdir(parents=True, exist_ok=True)
+                with open(partial / name, "xb") as target:
+                    shutil.copyfileobj(source, target)
+                if os.fstat(source.fileno()).st_mtime_ns != before.st_mtime_ns:
+                    raise Rewritten  # written to while it was copied
+        partial.rename(final)
+    except (OSError, UnsafeFile, OverflowError, ValueError, Rewritten):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+class Rewritten(Exception):
+    """The checkpoint file was saved over after the event that reported it: what could be copied
+    now is another step's state, and comparing it as this step's would be a false alarm (a plain
+    script that overwrites one ``ckpt.pt``, its copy taken late on a loaded machine)."""
+
+
+MTIME_SLACK_NS = 50_000_000  # file times are coarser than time.time(): a file saved just before its event
+
+
+def rewritten(event: dict[str, Any], info: os.stat_result, *, in_folder: bool = False) -> bool:
+    """Whether the file is no longer the version the event reported: the log adapter says which
+    version it read (``mtime_ns``); a probe's one-file checkpoint is reported after its save, at
+    ``t``, so a file modified after that is a later save. (A checkpoint folder's files may be
+    finished after its event, by a framework's callbacks: its new folder per save is the norm.)"""
+    if isinstance(event.get("mtime_ns"), int):
+        return info.st_mtime_ns != event["mtime_ns"]
+    if in_folder:
+        return False
+    t = event.get("t")
+    return isinstance(t, int | float) and info.st_mtime_ns > int(t * 1e9) + MTIME_SLACK_NS
+
+
+@dataclass
+class StateDifference:
+    """The first checkpoint after a resume whose state differs from the reference's."""
+
+    attempt: int
+    label: str  # "s<step>" (a probe's checkpoint) or "k<stored step key>" (a log-adapter one)
+    differences: list[str] = field(default_factory=list)
+    more: int = 0
+
+    def describe(self, latent: bool) -> str:
+        shown = "; ".join(self.differences) + (f"; and {self.more} more" if self.more else "")
+        which = f"after step {self.label[1:]}" if self.label.startswith("s") else f"storing step {self.label[1:]}"
+        where = f"the checkpoint {which} (attempt {self.attempt}, after a resume)"
+        if latent:
+            return (
+                f"latent: the losses matched, but {where} holds state the uninterrupted run's does not: {shown} "
+                "— restored wrong where it happens not to matter yet (list entries that may differ in "
+                "state_diff_ignore)"
+            )
+        return f"state not restored: {where} differs from the uninterrupted run's: {shown}"
+
+
+def compare(
+    reference_kept: Path,
+    chaos_kept: Path,
+    *,
+    confined: ConfinedLoader | None,
+    ignore: tuple[str, ...] = (),
+    exact_floats: bool = True,
+    runs: tuple[str, str] = ("", ""),
+) -> StateDifference | None:
+    """The first kept checkpoint of a resumed attempt that differs from the reference's of its step.
+    ``runs`` are the two runs' directories: a path under one names ``{run}``, as under the other."""
+    kept = sorted(
+        (int(a), int(label[1:]), label, p)
+        for p in (chaos_kept.iterdir() if chaos_kept.is_dir() else [])
+        if p.name.startswith("a") and "-" in p.name
+        for a, label in [p.name[1:].split("-", 1)]
+        if a.isdigit() and int(a) > 0 and label[:1] in ("s", "k") and label[1:].lstrip("-").isdigit()
+    )
+    for attempt, _, label, path in kept:
+        reference = reference_kept / f"a0-{label}"
+        if not reference.is_dir():
+            continue
+        found, more = _compare_folders(reference, path, confined, ignore, exact_floats, runs)
+        if found:
+            return StateDifference(attempt, label, found[:SHOWN], more + max(0, len(found) - SHOWN))
+    return None
+
+
+def _compare_folders(
+    reference: Path,
+    chaos: Path,
+    confined: ConfinedLoader | None,
+    ignore: tuple[str, ...],
+    exact_floats: bool,
+    runs: tuple[str, str],
+) -> tuple[list[str], int]:
+    """Every file of two kept checkpoints, compared; differences ranked causes first (counters and
+    RNG states before the tensors a divergence drags along), across files."""
+    names = sorted({str(p.relative_to(reference)) for p in regular_files(reference)})
+    names = sorted(set(names) | {str(p.relative_to(chaos)) for p in regular_files(chaos)})
+    single = len(names) == 1
+    found: list[tuple[int, str]] = []
+    more = 0
+    for name in names:
+        a, b = reference / name, chaos / name
+        if not a.exists() or not b.exists():
+            found.append((0, f"{name}: {_presence(a)} vs {_presence(b)}"))
+            continue
+        result = _diff_files(a, b, confined, exact_floats, runs)
+        more += result.get("more", 0)
+        for d in result["differences"]:
+            entry = d["entry"] if single else f"{name}:{d['entry']}"
+            if any(fnmatch.fnmatchcase(entry, pattern) for pattern in ignore):
+                continue
+            same = d["reference"] == d["chaos"]
+            rank = d["rank"] if isinstance(d.get("rank"), int) else 3
+            found.append((rank, f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"))
+    return [text for _, text in sorted(found)], more
+
+
+def _presence(path: Path) -> str:
+    return "present" if path.exists() else "absent"
+
+
+def _diff_files(
+    a: Path, b: Path, confined: ConfinedLoader | None, exact_floats: bool, runs: tuple[str, str]
+) -> dict[str, Any]:
+    """Two kept files compared in the terms of their format (see ``state_formats``): identical
+    bytes are equal state; a file no format reads, or one that does not parse, differs as bytes;
+    a torch file only a full unpickle reads is compared in the job's confinement."""
+    if same_bytes(a, b):
+        return {"differences": [], "more": 0}
+    try:
+        (_, x), (_, y) = load_state(a), load_state(b)
+    except AsBytes as exc:
+        return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs", "why": str(exc)}]}
+    except NeedsConfinement:
+        if confined is None:
+            return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs"}]}
+        answer = confined.diff(a, b, SHOWN * 4, runs)
+        if "error" in answer:  # the job's own loader could not read it either: what differs is its bytes
+            return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs"}]}
+        return answer
+    return diff(x, y, SHOWN * 4, exact_floats=exact_floats, runs=runs, within=a.name)
+
+
+def too_big(kept: Path) -> list[str]:
+    """The checkpoints a run wrote after a resume that were over KEEP_BYTES: not kept, not compared."""
+    if not kept.is_dir():
+        return []
+    return sorted(p.name.removesuffix(".too-big") for p in kept.glob("a*.too-big") if not p.name.startswith("a0-"))

@@ -1,0 +1,596 @@
+"""Is the preempted run the run it would have been? Pure functions, no I/O.
+
+The reference is one uninterrupted run of the same job. The chaos run passes only if every
+step's loss (and every fingerprint the trainer reports beside it) equals the reference bit for
+bit, replayed steps included; no step is missing; the final per-tensor digests are equal; every
+SIGTERM was answered inside the grace window by a checkpoint and a clean exit; and every
+restart resumed from the newest checkpoint that was durable (or said why it rolled back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ..faults.checkpoint import Damage
+from .determinism import HINT, Envelope
+from .engine.landing import untested
+from .trajectory import Attempt, RunRecord, StepRecord
+
+# What a fingerprint that diverges together with the loss usually means.
+FINGERPRINT_HINTS = {
+    "lr": "the learning rate differs: LR scheduler (or optimizer param groups) not restored?",
+    "batch": "the batch differs: data order or position in the epoch not restored?",
+    "epoch": "the epoch counter differs: the job resumed into another epoch than this step belongs to (a "
+    "checkpoint written between two epochs?)",
+    "rng": "the RNG state differs: python/numpy/torch RNG state not saved or not restored?",
+    "opt": "the optimizer state differs: optimizer state (moments, step counts) not saved or not restored, "
+    "or saved before the optimizer step finished?",
+}
+
+
+@dataclass
+class Divergence:
+    step: int
+    attempt: int
+    field: str  # "loss" or the name of a fingerprint
+    reference: Any
+    observed: Any
+    resumed_from: int | None  # the checkpoint step this attempt resumed after, if any
+    also_differs: list[str] = field(default_factory=list)
+    agreeing: list[str] = field(default_factory=list)  # fingerprints both runs reported, still equal
+    # what the job's framework integration knew of the checkpoint resumed from, or of the resume
+    # itself (a JIT checkpoint written mid-step, a checkpoint without RNG state): the likeliest cause
+    caveats: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        where = f"step {self.step} (attempt {self.attempt}"
+        if self.resumed_from is not None:
+            distance = self.step - self.resumed_from
+            where += (
+                ", the first step after resuming from step " + str(self.resumed_from)
+                if distance == 1
+                else f", {distance} steps after resuming from step {self.resumed_from}"
+            )
+        where += ")"
+        text = f"{self.field} diverged at {where}: reference {_show(self.reference)}, got {_show(self.observed)}"
+        hints = [FINGERPRINT_HINTS[f] for f in [self.field, *self.also_differs] if f in FINGERPRINT_HINTS]
+        others = [f for f in self.also_differs if f != self.field]
+        if others:
+            text += f"; also differs at that step: {', '.join(others)}"
+        if self.caveats:
+            text += "; cause: " + " ".join(self.caveats)
+        if not hints:
+            hints = self._timing_hints()
+        if hints:
+            text += "; hint: " + " ".join(hints)
+        return text
+
+    def _timing_hints(self) -> list[str]:
+        """Without a fingerprint that names the cause, where the divergence sits still narrows it.
+
+        The first step after a resume computes its loss from the restored weights before any
+        update: if it differs, what that step *draws* differs (dropout masks, augmentation: RNG
+        state; or the batch itself). If it matched and the next one did not, the *update* differs:
+        optimizer moments, LR scheduler or gradient-scaler state.
+        """
+        if self.resumed_from is None:
+            return []
+        distance = self.step - self.resumed_from
+        if distance == 1:
+            if "batch" in self.agreeing:
+                return [
+                    "the first step after resuming differs while its batch is the same: the RNG state "
+                    "(dropout masks, augmentation) was not saved or not restored?"
+                ]
+            return [
+                "the very first step after resuming differs, before any update from the restored state: the RNG "
+                "state (dropout masks, augmentation, shuffling) or the data order/position was not restored?"
+            ]
+        if distance == 2:
+            return [
+                "the first step after resuming matched and the next did not, so the restored update differs: "
+                "optimizer state (moments, step counts), LR scheduler or gradient scaler not restored?"
+            ]
+        return []
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str) and value.startswith(("0x", "-0x")):
+        try:
+            return f"{value} ({float.fromhex(value)!r})"
+        except ValueError:
+            pass
+    return repr(value)
+
+
+@dataclass
+class GraceResult:
+    attempt: int
+    fault: str
+    signal_step: int
+    exit_seconds: float | None
+    grace_seconds: float
+    exit_code: int | None
+    checkpoint_step: int | None  # newest checkpoint the attempt wrote at or after the signal
+    steps_after_notice: int  # steps the job still ran after the signal: the notice's latency in steps
+    ok: bool
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    failures: list[str]
+    first_divergence: Divergence | None
+    missing_steps: list[int]
+    unexpected_steps: list[int]
+    differing_tensors: list[str]
+    lost_steps: int
+    grace: list[GraceResult]
+    reference_steps: int
+    damage: list[DamageOutcome] = field(default_factory=list)
+    precision: str = "bit-exact"  # what "equal" meant: see precision_note
+    state_difference: dict[str, Any] | None = None  # the first checkpoint after a resume that differs
+
+    def message(self) -> str:
+        if self.passed:
+            return self.precision
+        text = "\n".join(f"- {f}" for f in self.failures)
+        if self.precision != "bit-exact":
+            text += f"\n  (what was compared: {self.precision})"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _compare_step(ref: StepRecord, got: StepRecord) -> list[str]:
+    """Names of the fields that differ: "loss" first, then fingerprints both runs report."""
+    fields = ["loss"] if ref.loss != got.loss else []
+    for name in sorted(set(ref.fingerprints) & set(got.fingerprints)):
+        if ref.fingerprints[name] != got.fingerprints[name]:
+            fields.append(name)
+    return fields
+
+
+def _resume_points(attempts: list[Attempt]) -> dict[int, int | None]:
+    """For each attempt, the step it resumed after (from its resume event or its first step)."""
+    points: dict[int, int | None] = {}
+    for attempt in attempts:
+        resumes = attempt.of_rank("resume")
+        if resumes:
+            points[attempt.index] = resumes[0]["from_step"]
+        elif attempt.index > 0 and attempt.steps:
+            points[attempt.index] = attempt.steps[0].step - 1
+        elif attempt.index > 0 and attempt.final is not None and attempt.final["step"] >= 0:
+            points[attempt.index] = attempt.final["step"]  # nothing was left to train: it resumed after the last step
+        else:
+            points[attempt.index] = None
+    return points
+
+
+def find_divergence(
+    reference: RunRecord,
+    chaos: RunRecord,
+    resumed: dict[int, int | None] | None = None,
+    envelope: Envelope | None = None,
+) -> Divergence | None:
+    """The chronologically first step occurrence in ``chaos`` that differs from the reference
+    (bit for bit, or beyond the job's measured envelope)."""
+    by_step = {s.step: s for s in reference.steps}
+    resumed = resumed if resumed is not None else _resume_points(chaos.attempts)
+    compare = envelope.step_differences if envelope is not None else _compare_step
+    for got in chaos.steps:
+        ref = by_step.get(got.step)
+        if ref is None:
+            continue
+        differing = compare(ref, got)
+        if differing:
+            main = differing[0]
+            ref_value = ref.loss if main == "loss" else ref.fingerprints[main]
+            got_value = got.loss if main == "loss" else got.fingerprints[main]
+            return Divergence(
+                step=got.step,
+                attempt=got.attempt,
+                field=main,
+                reference=ref_value,
+                observed=got_value,
+                resumed_from=resumed.get(got.attempt),
+                also_differs=differing[1:],
+                agreeing=sorted((set(ref.fingerprints) & set(got.fingerprints)) - set(differing)),
+                caveats=_caveats(chaos.attempts, got.attempt),
+            )
+    return None
+
+
+def _caveats(attempts: list[Attempt], index: int) -> list[str]:
+    """What a framework integration said of attempt ``index``'s resume and of the checkpoint it
+    resumed from (a ``caveat`` field of the resume and checkpoint events), once each."""
+    attempt = next((a for a in attempts if a.index == index), None)
+    resumes = attempt.of_rank("resume") if attempt is not None else []
+    if not resumes:
+        return []
+    uri = resumes[0].get("uri")
+    said = [resumes[0].get("caveat")]
+    said += [
+        e.get("caveat") for a in attempts if a.index < index for e in a.of_rank("checkpoint") if e.get("uri") == uri
+    ]
+    return list(dict.fromkeys(c for c in said if isinstance(c, str) and c))
+
+
+def _grace_results(chaos: RunRecord) -> list[GraceResult]:
+    results = []
+    for attempt in chaos.attempts:
+        fault = attempt.fault
+        if fault is None or fault.grace_seconds is None:
+            continue
+        ckpts = [e["step"] for e in attempt.of_kind("checkpoint") if e["step"] >= fault.observed_step]
+        # a checkpoint after the signal, unless training ended before the notice could matter
+        # torchrun's agent exits 1 on the notice it forwarded: the ranks' checkpoint says how they ended
+        exited = attempt.exit_code == 0 or attempt.launcher_signalled
+        ok = not fault.grace_exceeded and exited and (bool(ckpts) or attempt.final is not None)
+        results.append(
+            GraceResult(
+                attempt=attempt.index,
+                fault=fault.fault,
+                signal_step=fault.observed_step,
+                exit_seconds=fault.exit_seconds,
+                grace_seconds=fault.grace_seconds,
+                exit_code=attempt.exit_code,
+                checkpoint_step=max(ckpts) if ckpts else None,
+                steps_after_notice=sum(1 for s in attempt.steps if s.step > fault.observed_step),
+                ok=ok,
+            )
+        )
+    return results
+
+
+# torchrun's agent SIGKILLs its workers this long after forwarding a SIGTERM (hard-coded)
+TORCHRUN_KILL_AFTER_SECONDS = 30.0
+
+
+def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
+    signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
+    if attempt.launcher_killed and g.grace_seconds > TORCHRUN_KILL_AFTER_SECONDS:
+        return (
+            f"the 30-second trap: torchrun's agent SIGKILLed the ranks {TORCHRUN_KILL_AFTER_SECONDS:g} s after "
+            f"forwarding {signal}, before their emergency checkpoint was durable, although the provider's grace is "
+            f"{g.grace_seconds:g} s; torchrun's 30 s is hard-coded: the checkpoint must finish within it (save less "
+            "on notice, or checkpoint more often so the notice only finishes a step)"
+        )
+    if attempt.launcher_killed:
+        return (
+            f"torchrun's agent SIGKILLed the ranks {TORCHRUN_KILL_AFTER_SECONDS:g} s after forwarding {signal}, before "
+            "their emergency checkpoint was durable: it must finish within 30 s under torchrun"
+        )
+    if attempt.fault is not None and attempt.fault.grace_exceeded:
+        if g.fault.endswith("-notice"):  # posted on the instance metadata, no signal sent
+            provider = g.fault.removesuffix("-notice")
+            return (
+                f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, a reclaim "
+                f"notice posted on {provider}'s instance metadata with no SIGTERM, so it was SIGKILLed; "
+                f"{attempt.fault.detail or 'the metadata was not read'}: poll the metadata for the notice "
+                "(on this cloud no signal may come before the kill)"
+            )
+        if attempt.fault.detail and not attempt.of_kind("notice"):
+            return (
+                f"the signal never reached the trainer: {signal} was not answered within {g.grace_seconds:g} s "
+                f"and the trainer reported no notice; {attempt.fault.detail}"
+            )
+        if attempt.of_kind("notice"):
+            return (
+                f"grace window exceeded: the trainer received the notice but did not exit within "
+                f"{g.grace_seconds:g} s of {signal}, so it was SIGKILLed — is its checkpoint too slow for the window?"
+            )
+        return (
+            f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, so it "
+            "was SIGKILLed — does the trainer handle SIGTERM (checkpoint, then exit 0)?"
+        )
+    newest = [e["step"] for e in attempt.of_kind("checkpoint")]
+    if g.exit_code is None:  # the launcher ran on and restarted the group (Ray Train, at the deadline)
+        return (
+            f"no checkpoint at or after step {g.signal_step} after {signal} before the grace window's end took "
+            f"the group's nodes (its newest checkpoint: {max(newest) if newest else 'none'}): every step since "
+            "was trained again"
+        )
+    if g.exit_code != 0:
+        return (
+            f"the job exited with status {g.exit_code} {g.exit_seconds or 0:.2f} s after {signal} instead of "
+            "checkpointing and exiting 0"
+            + (
+                " — a group-wide SIGTERM also reaches DataLoader workers; do they ignore it?"
+                if g.fault == "sigterm-group"
+                else ""
+            )
+        )
+    return (
+        f"no checkpoint at or after step {g.signal_step} after {signal}; it exited 0 "
+        f"(newest checkpoint of that attempt: {max(newest) if newest else 'none'})"
+    )
+
+
+@dataclass
+class DamageOutcome:
+    """A checkpoint fault and what the job did about it."""
+
+    attempt: int  # the attempt that resumed after the damage
+    fault: str
+    checkpoint: str
+    file: str | None
+    detail: str
+    damaged_step: int | None
+    expected_resume: int | None
+    resumed_from: int | None
+    rolled_back: bool
+    ok: bool
+    problem: str | None
+
+
+def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome:
+    expected = -1 if damage.expected_resume is None else damage.expected_resume
+    rolled_back = bool(attempt.of_kind("rollback"))
+    name = Path(damage.checkpoint).name
+    what = (
+        f"{damage.fault} on {name}"
+        + (f"/{damage.file}" if damage.file else "")
+        + (f" ({damage.detail})" if damage.detail else "")
+    )
+    problem = None
+    if damage.makes_unloadable and start == damage.damaged_step and _resumed_another_copy(attempt, damage):
+        pass  # a second copy of the same step (Lightning's last.ckpt beside epoch=E-step=S.ckpt), untouched
+    elif damage.makes_unloadable and start == damage.damaged_step:
+        problem = (
+            f"silent bad load: attempt {attempt.index} resumed from the damaged checkpoint after step "
+            f"{damage.damaged_step} ({what})" + ("" if rolled_back else " without reporting a rollback")
+        )
+    elif start < expected:
+        cause = "trusted a stale or torn 'latest' pointer? " if not damage.makes_unloadable else ""
+        problem = (
+            f"attempt {attempt.index} resumed after step {start}, but the newest intact checkpoint was after step "
+            f"{expected} ({what}): {cause}work was lost"
+        )
+    elif damage.needs_rollback and start == expected and not rolled_back:
+        problem = (
+            f"attempt {attempt.index} skipped the damaged checkpoint ({what}) without saying so: "
+            "report a 'rollback' event (probe.rollback) when a checkpoint does not verify"
+        )
+    return DamageOutcome(
+        attempt=attempt.index,
+        fault=damage.fault,
+        checkpoint=damage.checkpoint,
+        file=damage.file,
+        detail=damage.detail,
+        damaged_step=damage.damaged_step,
+        expected_resume=damage.expected_resume,
+        resumed_from=None if start < 0 else start,
+        rolled_back=rolled_back,
+        ok=problem is None,
+        problem=problem,
+    )
+
+
+def _resumed_another_copy(attempt: Attempt, damage: Damage) -> bool:
+    """Whether the attempt says it resumed from another checkpoint beside the damaged one, of the same
+    step: a job that saves each step twice (a named checkpoint and a ``last`` copy) loses nothing
+    when one copy is damaged. Judged from the resume event alone (a copy that is a link to the damaged file
+    would load it, and its divergence shows in the losses and weights)."""
+    resumes = attempt.of_kind("resume")
+    uri = resumes[0].get("uri") if resumes else None
+    if not isinstance(uri, str) or not uri:
+        return False
+    path = PurePosixPath(unquote(urlparse(uri).path) if uri.startswith("file:") else uri)  # "+" is "%2B" in a URI
+    damaged = PurePosixPath(damage.checkpoint)
+    return path.is_absolute() and path.parent == damaged.parent and path != damaged
+
+
+def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[list[str], list[DamageOutcome]]:
+    """Each restart must resume from the newest checkpoint that is durable and intact: the newest
+    reported durable, or, after a checkpoint fault, the newest one the fault left intact."""
+    failures: list[str] = []
+    outcomes: list[DamageOutcome] = []
+    durable: int | None = None
+    previous: Attempt | None = None
+    damage: Damage | None = None  # applied before a restart, judged at the first restart that resumes
+    durable_uris: dict[str, int] = {}  # every checkpoint reported durable so far -> its step
+    for attempt in chaos.attempts:
+        if attempt.failed_restart:
+            continue  # it never resumed: the failure says why
+        point = resumed[attempt.index]
+        crashed_before_resuming = point is None and not attempt.steps and attempt.fault is not None
+        if previous is not None and not crashed_before_resuming:
+            start = -1 if point is None else point
+            if damage is not None:
+                outcome = _judge_damage(attempt, start, damage)
+                outcomes.append(outcome)
+                if outcome.problem:
+                    failures.append(outcome.problem)
+                damage = None
+            elif previous.fault is not None and previous.fault.fault == "crash":
+                if durable is not None and start < durable:
+                    failures.append(
+                        f"crash {previous.fault.detail} in attempt {previous.index} left neither the old nor the new "
+                        f"checkpoint loadable: attempt {attempt.index} resumed after step {start}, but a checkpoint "
+                        f"after step {durable} had been durable before the crash"
+                    )
+            elif durable is not None and start < durable and not attempt.of_kind("rollback"):
+                failures.append(
+                    f"attempt {attempt.index} resumed after step {start} although a checkpoint after step "
+                    f"{durable} was durable and no rollback was reported: work was lost silently"
+                )
+            elif attempt.of_kind("rollback"):
+                # a rollback skips what did not verify, and only that: nothing here was damaged, so
+                # the newest durable checkpoint it did not skip must still be the one resumed
+                skipped = {e["skipped_uri"] for e in attempt.of_kind("rollback")}
+                intact = [step for uri, step in durable_uris.items() if uri not in skipped]
+                if intact and start < max(intact):
+                    failures.append(
+                        f"attempt {attempt.index} rolled back past an intact checkpoint: it resumed after step "
+                        f"{start}, but the checkpoint after step {max(intact)} was durable and not the one it "
+                        "skipped (does the resume trust a 'latest' pointer with no fallback?)"
+                    )
+        for event in attempt.of_kind("checkpoint"):
+            durable_uris[event["uri"]] = event["step"]
+        steps = [e["step"] for e in attempt.of_kind("checkpoint")]
+        if steps:
+            durable = max(steps) if durable is None else max(durable, *steps)
+        if attempt.damage is not None and attempt.damage.applied:
+            damage = attempt.damage
+        previous = attempt
+    return failures, outcomes
+
+
+def judge(
+    reference: RunRecord, chaos: RunRecord, envelope: Envelope | None = None, *, faulted_from_start: bool = False
+) -> Verdict:
+    """Compare a chaos run with the uninterrupted reference run of the same job: bit for bit, or
+    within the ``envelope`` the job's own uninterrupted runs measured (exactness = "envelope").
+    ``faulted_from_start``: faults acted from the first step (storage faults), so a difference in
+    attempt 0 is theirs to explain, not the job's own non-determinism."""
+    failures: list[str] = []
+    ref_steps = sorted({s.step for s in reference.steps})
+    got_steps = {s.step for s in chaos.steps}
+    missing = sorted(set(ref_steps) - got_steps)
+    unexpected = sorted(got_steps - set(ref_steps))
+
+    for unfired in chaos.unfired:  # a plan that preempted nothing proves nothing: never a pass
+        failures.append(f"planned fault {unfired}: the run proves nothing about it (preempt a step the job reaches)")
+    last_step = ref_steps[-1] if ref_steps else -1
+    for attempt in chaos.attempts:  # a fault that landed late past what it was to test proves another plan
+        if attempt.fault is not None and (why := untested(attempt.fault, last_step)):
+            failures.append(why)
+    failed_restarts = [a.failed_restart for a in chaos.attempts if a.failed_restart]
+    failures.extend(failed_restarts)  # what follows from it (missing steps, no final) would only repeat it
+    resumed = _resume_points(chaos.attempts)
+    divergence = find_divergence(reference, chaos, resumed, envelope)
+    if divergence is not None and divergence.attempt == 0 and not faulted_from_start:
+        failures.append(_not_deterministic(divergence, chaos, envelope))
+    elif divergence is not None:
+        failures.append(divergence.describe())
+    if missing and not failed_restarts:
+        text = f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}"
+        # a step missing exactly where a restart picked up (the resume point a trainer reports
+        # comes from the same counter, so the step at it or just after it)
+        at_resume = sorted(
+            (step, index)
+            for index, start in resumed.items()
+            if start is not None
+            for step in (start, start + 1)
+            if step in missing
+        )
+        if at_resume:
+            step, index = at_resume[0]
+            text += (
+                f"; hint: step {step} is missing exactly where attempt {index} resumed: "
+                "is the step counter restored off by one?"
+            )
+        failures.append(text)
+    if unexpected:
+        text = f"steps the reference never ran: {_ranges(unexpected)}"
+        if any(f.fault == "rerun" for f in chaos.faults):
+            text += (
+                "; hint: started again after it had finished (its final checkpoint written), the job trained on: "
+                "a restart after the last step must find nothing left to train"
+            )
+        failures.append(text)
+
+    differing: list[str] = []
+    ref_final, got_final = reference.final, chaos.final
+    if got_final is None:
+        if not failed_restarts:
+            failures.append("the preempted run never reported a 'final' event")
+    elif ref_final is not None:
+        ref_d, got_d = ref_final["digests"], got_final["digests"]
+        differing = sorted(k for k in set(ref_d) | set(got_d) if ref_d.get(k) != got_d.get(k))
+        if envelope is not None:  # tensors that differ between uninterrupted runs: see the envelope's note
+            differing = envelope.final_differences(differing, chaos)
+        if differing:
+            shown = ", ".join(differing[:8]) + (f" and {len(differing) - 8} more" if len(differing) > 8 else "")
+            failures.append(f"final weights differ in {len(differing)} of {len(ref_d)} tensor(s): {shown}")
+
+    grace = _grace_results(chaos)
+    attempts = {a.index: a for a in chaos.attempts}
+    failures.extend(_grace_failure(g, attempts[g.attempt]) for g in grace if not g.ok)
+    resume_failures, damage = _resume_checks(chaos, resumed)
+    failures.extend(resume_failures)
+
+    precision = precision_note(reference, chaos)
+    if envelope is not None:
+        precision = envelope.note() + ("" if precision == "bit-exact" else f"; {precision}")
+    return Verdict(
+        precision=precision,
+        passed=not failures,
+        failures=failures,
+        first_divergence=divergence,
+        missing_steps=missing,
+        unexpected_steps=unexpected,
+        differing_tensors=differing,
+        lost_steps=max(0, len(chaos.steps) - len(reference.steps)),
+        grace=grace,
+        reference_steps=len(ref_steps),
+        damage=damage,
+    )
+
+
+def _not_deterministic(divergence: Divergence, chaos: RunRecord, envelope: Envelope | None) -> str:
+    """A difference before any fault reached the job: not a resume bug, its own verdict."""
+    first = chaos.attempts[0].fault
+    before = f"before {first.fault} after step {first.observed_step} reached it" if first else "before any fault"
+    values = f"{divergence.field}: reference {_show(divergence.reference)}, got {_show(divergence.observed)}"
+    if envelope is not None:
+        return (
+            f"the job's own noise exceeds its envelope without any preemption: attempt 0 differs from the "
+            f"uninterrupted run at step {divergence.step}, {before} ({values}), by more than {envelope.factor:g}x the "
+            f"spread {envelope.audit.runs} uninterrupted runs showed; measure with more runs (determinism_runs) or "
+            "widen envelope_factor"
+        )
+    return (
+        f"the job is not deterministic without any preemption: attempt 0 differs from the uninterrupted run at "
+        f"step {divergence.step}, {before} ({values}); nothing was resumed yet, so this is not a resume bug. "
+        f"Set determinism_runs = 3 to measure it; hint: {HINT}"
+    )
+
+
+def precision_note(reference: RunRecord, chaos: RunRecord) -> str:
+    """How exact the comparison was: losses from the probe are exact bits; printed ones are not."""
+    printed = [
+        e["printed"] for run in (reference, chaos) for a in run.attempts for e in a.of_kind("step") if "printed" in e
+    ]
+    if not printed:
+        return "bit-exact"
+    from .logadapter import significant_digits
+
+    digits = min(significant_digits(p) for p in printed)
+    final = chaos.final
+    if final is None:
+        weights = "final weights not compared (the run did not finish)"
+    elif final.get("digests"):
+        weights = f"final weights compared bit for bit ({len(final['digests'])} tensors)"
+    else:
+        weights = "no weights digest (set final_weights in the job's log table)"
+    counted = ""
+    convention = chaos.convention or reference.convention or {}
+    if convention.get("first_step"):
+        first = convention["first_step"]
+        counted = f"; steps here count from 0 (the script's step line {first} is step 0)"
+    return (
+        f"losses compared as printed, to {digits} significant digit(s); {weights}; "
+        f"a bit-exact claim needs the probe or the weights digest{counted}"
+    )
+
+
+def _ranges(values: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    parts, start, prev = [], None, None
+    for v in values:
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:
+            prev = v
+        else:
+            parts.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = v
+    if start is not None:
+        parts.append(f"{start}-{prev}" if start != prev else str(start))
+    return ", ".join(parts)
