@@ -29,13 +29,13 @@ from spotchaos.strategies import preemption_plans  # noqa: E402
 def search(session: Session, job, plans: int, parallel: int) -> tuple[float, list[tuple[str, bool]], dict]:
     record = ScenarioRecord(scenario="benchmark", job=job.name, seed=11)
     started = time.monotonic()
-    explore(
-        session,
-        job,
-        lambda steps: preemption_plans(steps, max_preemptions=2),
-        settings=ExploreSettings(max_examples=plans, seed=11, parallel=parallel),
-        record=record,
-    )
+    with record:
+        explore(
+            session,
+            job,
+            lambda steps: preemption_plans(steps, max_preemptions=2),
+            settings=ExploreSettings(max_examples=plans, seed=11, parallel=parallel),
+        )
     runs = [(r["plan"], r["passed"]) for r in record.runs]
     return time.monotonic() - started, runs, record.figures.get("parallel", {})
 

@@ -4,10 +4,15 @@ This module alone writes it. The runner's families call these functions with wha
 the fixture calls them when a scenario errors or is skipped. So the rules (a failure is never
 undone by a later pass, the plots show the minimal failing plan, an error is never a pass) live
 in one place.
+
+The record of the scenario running now travels in a context variable, not as a parameter through
+every family: the fixture (or a Python API user) enters it, ``with ScenarioRecord(...) as record:``,
+and whatever a family notes inside goes to it. Outside one, noting does nothing.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,9 +38,28 @@ class ScenarioRecord:
     figures: dict[str, Any] = field(default_factory=dict)  # overhead, advice, cost, notice flush
     trajectory: dict[str, Any] | None = None  # the run shown in the plots: the failing one, else the last
 
+    def __enter__(self) -> ScenarioRecord:
+        """What the families note in this context goes to this record (entries nest)."""
+        self.__dict__.setdefault("_tokens", []).append(_CURRENT.set(self))
+        return self
 
-def note_run(record: ScenarioRecord | None, plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord) -> None:
+    def __exit__(self, *exc_info: object) -> None:
+        _CURRENT.reset(self.__dict__["_tokens"].pop())
+
+
+_CURRENT: ContextVar[ScenarioRecord | None] = ContextVar("spotchaos_scenario_record", default=None)
+
+
+def current() -> ScenarioRecord | None:
+    """The record of the scenario running in this context; None outside one. A thread pool's
+    threads start without it: only the thread that entered the record notes (the search's plans
+    run ahead in threads and are noted when the search reaches them)."""
+    return _CURRENT.get()
+
+
+def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord) -> None:
     """One judged run of a plan: its summary, the reference once, the trajectory to plot, the verdict."""
+    record = current()
     if record is None:
         return
     summary = {
@@ -80,22 +104,28 @@ def note_run(record: ScenarioRecord | None, plan: Plan, run: RunRecord, verdict:
         record.verdict = verdict.to_dict()
 
 
-def note_plans(record: ScenarioRecord | None, count: int, *, add: bool = False) -> None:
+def note_plans(count: int, *, add: bool = False) -> None:
     """How many plans the scenario ran (a search's count, or one more for a fixed plan)."""
-    if record is not None:
+    if (record := current()) is not None:
         record.plans_tried = record.plans_tried + count if add else count
 
 
-def note_figures(record: ScenarioRecord | None, figures: dict[str, Any], *, passed: bool = True) -> None:
+def note_figures(figures: dict[str, Any], *, passed: bool = True) -> None:
     """Figures for the report (overhead, advice, cost, notice flush); a failed budget fails the record."""
-    if record is not None:
+    if (record := current()) is not None:
         record.figures.update(figures)
         record.passed = record.passed and passed
 
 
-def note_storage(record: ScenarioRecord | None, figures: dict[str, Any]) -> None:
+def note_figure_row(key: str, row: dict[str, Any]) -> None:
+    """One more row of a figure the report shows as a table (a reshard, a drain): appended."""
+    if (record := current()) is not None:
+        record.figures.setdefault(key, []).append(row)
+
+
+def note_storage(figures: dict[str, Any]) -> None:
     """One storage scenario's figures (with its problems, if any): appended, and failing the record."""
-    if record is not None:
+    if (record := current()) is not None:
         record.figures.setdefault("storage", []).append(figures)
         record.passed = record.passed and figures["passed"]
 

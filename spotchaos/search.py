@@ -20,7 +20,7 @@ from .config.jobs import JobSpec
 from .errors import ScenarioFailure, SpotchaosError
 from .families.preemption import DamageNotApplied, check
 from .faults.plan import Plan
-from .record import ScenarioRecord, note_plans
+from .record import note_figures, note_plans
 from .session import SessionCore
 from .strategies import FirstPlans, preemption_plans, resumes_from_a_checkpoint
 from .training.trajectory import RunRecord
@@ -44,7 +44,6 @@ def explore(
     plans: PlanSource | None = None,
     *,
     settings: ExploreSettings | None = None,
-    record: ScenarioRecord | None = None,
     first: FirstPlans | None = None,
 ) -> int:
     """Let hypothesis search plans; on failure it shrinks to the smallest failing plan. ``first``
@@ -95,7 +94,7 @@ def explore(
     # then runs as always, one plan after another, and finds each drawn plan's run already made.
     # Where every plan passes it draws exactly those; a failure or a rejected plan makes it draw
     # others (shrinking), which run then, one at a time.
-    ahead = _run_ahead(core, job, leading, searching, settings, record) if settings.parallel > 1 else {}
+    ahead = _run_ahead(core, job, leading, searching, settings) if settings.parallel > 1 else {}
 
     def attempt(plan: Plan) -> None:
         nonlocal tried
@@ -113,7 +112,7 @@ def explore(
         try:
             if isinstance(ran, BaseException):
                 raise ran
-            check(core, job, plan, record, ran)
+            check(core, job, plan, ran)
             verdicts[key] = "passed"
         except DamageNotApplied:
             verdicts[key] = "reject"
@@ -146,7 +145,7 @@ def explore(
             "with probe.checkpoint before the preemption steps tried?)"
         ) from None
     finally:
-        note_plans(record, tried)
+        note_plans(tried)
         for left in ahead.values():  # run ahead, never reached by the search (it went elsewhere)
             if not isinstance(left, BaseException):
                 core.discard(left[0])
@@ -161,7 +160,6 @@ def _run_ahead(
     leading: list[Plan],
     searching: Callable[[Callable[[Plan], None]], Callable[[], None]],
     settings: ExploreSettings,
-    record: ScenarioRecord | None,
 ) -> dict[str, tuple[RunRecord, Verdict] | BaseException]:
     """Each plan the search will draw if every plan passes (the same hypothesis search, seeded alike,
     on a test that runs nothing), run ``settings.parallel`` at a time: its run and verdict, or what it
@@ -192,14 +190,17 @@ def _run_ahead(
 
     with ThreadPoolExecutor(max_workers=settings.parallel, thread_name_prefix="spotchaos-plan") as pool:
         list(pool.map(run, plans))
-    if record is not None:
-        record.figures["parallel"] = {
-            "workers": settings.parallel,
-            "plans_run_ahead": len(spans),
-            "max_concurrent": _most_at_once(spans),
-            "wall_seconds": round(time.monotonic() - started, 3),
-            "run_seconds": round(sum(b - a for a, b in spans), 3),
+    note_figures(
+        {
+            "parallel": {
+                "workers": settings.parallel,
+                "plans_run_ahead": len(spans),
+                "max_concurrent": _most_at_once(spans),
+                "wall_seconds": round(time.monotonic() - started, 3),
+                "run_seconds": round(sum(b - a for a, b in spans), 3),
+            }
         }
+    )
     return done
 
 

@@ -17,9 +17,9 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
@@ -48,6 +48,39 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spotchaos")
 RestartHook = Callable[[int, Mapping[str, str]], Mapping[str, str] | None]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How the ``spotchaos`` fixture offers a Session method: a *scenario* runs inside a record
+    for the report (``plans``: how many plans it counts up front, None when it counts its own),
+    a *query* is handed over as it is (a reference run, crash points)."""
+
+    scenario: bool
+    plans: int | None = None
+
+
+def scenario(plans: int | None = None) -> Callable[[_F], _F]:
+    """Mark a Session method as a scenario entry point; the fixture records it for the report."""
+
+    def mark(method: _F) -> _F:
+        method.__spotchaos_entry__ = Entry(scenario=True, plans=plans)
+        return method
+
+    return mark
+
+
+def query(method: _F) -> _F:
+    """Mark a Session method the fixture hands over unchanged (it judges nothing)."""
+    method.__spotchaos_entry__ = Entry(scenario=False)
+    return method
+
+
+def entry_of(method: object) -> Entry | None:
+    """How the fixture offers ``method``: None when it is no entry point."""
+    return getattr(method, "__spotchaos_entry__", None)
 
 
 class SessionCore:
@@ -84,6 +117,7 @@ class SessionCore:
             self._counter += 1
             return self.workdir / f"{self._counter:04d}-{label}"
 
+    @query
     def reference(self, job: JobSpec) -> RunRecord:
         """The uninterrupted run of ``job``, computed once per session and job configuration."""
         key = job.key()
@@ -139,6 +173,7 @@ class SessionCore:
         self.reference(job)
         return Envelope(self._audits[self._audit_key(job)], job.envelope_factor)
 
+    @query
     def checkpoint_steps(self, job: JobSpec) -> list[int]:
         """Steps after which the uninterrupted run reported a durable checkpoint."""
         return [e["step"] for e in self.reference(job).attempts[0].of_kind("checkpoint")]

@@ -43,8 +43,8 @@ def ray_runner(tmp_path_factory):
 
 
 def test_a_notice_drains_the_node_a_kill_removes_it_and_each_restart_runs_elsewhere(ray_runner):
-    record = ScenarioRecord("ray", RAY_JOB.name, None)
-    ray_runner.check(RAY_JOB, "sigterm@7,sigkill@15", record)  # bit-exact, or ChaosFailure
+    with ScenarioRecord("ray", RAY_JOB.name, None) as record:
+        ray_runner.check(RAY_JOB, "sigterm@7,sigkill@15")  # bit-exact, or ChaosFailure
     run = record.runs[-1]
     nodes = [placement["node_id"] for placement in run["nodes"]]
     assert len(nodes) == 3 and nodes[0] != nodes[1] and nodes[1] != nodes[2], run["nodes"]
@@ -92,8 +92,8 @@ def test_a_gpu_job_sees_the_gpu_ray_gave_its_attempt_on_each_node(ray_runner, tm
     command = ("python", str(FIXTURES / "gpu_witness_trainer.py"), "--steps", "12", "--checkpoint-every", "3")
     job = JobSpec(name="ray-gpu", command=command, gpus=1, backend="ray", grace_seconds=10,
                   env=(("GPU_WITNESS_DIR", str(witness)),))  # fmt: skip
-    record = ScenarioRecord("ray-gpu", job.name, None)
-    ray_runner.check(job, "sigkill@5", record)
+    with ScenarioRecord("ray-gpu", job.name, None) as record:
+        ray_runner.check(job, "sigkill@5")
     attempts = [json.loads(line) for line in (witness / "attempts.jsonl").read_text().splitlines()]
     assert len(attempts) >= 3 and all(a["devices"] == ["0"] for a in attempts), attempts  # the reference, then 2
     nodes = record.runs[-1]["nodes"]

@@ -142,10 +142,13 @@ def test_checkpointing_every_step_fails_the_overhead_budget_with_the_figures(run
 
     job = trainer_job("reference_trainer", "--checkpoint-every", "1", "--step-seconds", "0.03", name="every-step")
     record = ScenarioRecord(scenario="overhead", job=job.name, seed=1)
-    with pytest.raises(
-        BudgetFailure, match=r"checkpoint overhead \d+\.\d\d% of training time, over the budget of 5.00%"
+    with (
+        record,
+        pytest.raises(
+            BudgetFailure, match=r"checkpoint overhead \d+\.\d\d% of training time, over the budget of 5.00%"
+        ),
     ):
-        runner.check_overhead(job, record)
+        runner.check_overhead(job)
     measured = record.figures["overhead"]["measured_fractions"]
     assert len(measured) == 2 and all(f > 0.05 for f in measured), measured
     assert record.figures["overhead"]["fraction"] == min(measured)

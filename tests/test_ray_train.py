@@ -51,8 +51,8 @@ def train_runner(tmp_path_factory):
 def test_a_lost_worker_node_is_restored_by_ray_train_bit_exact(train_runner):
     """The node running rank 1 removed after step 6: Ray Train restarts its worker group from the
     latest registered checkpoint (after step 3) on the replacement node, inside the same attempt."""
-    record = ScenarioRecord("ray-train", TRAIN_JOB.name, None)
-    verdict = train_runner.check(TRAIN_JOB, "lose-node1@6", record)
+    with ScenarioRecord("ray-train", TRAIN_JOB.name, None) as record:
+        verdict = train_runner.check(TRAIN_JOB, "lose-node1@6")
     assert verdict.passed, verdict.message()
     run = record.runs[-1]
     assert [fault["fault"] for fault in run["faults"]] == ["lose-node1"]

@@ -26,7 +26,8 @@ def search(runner, job: JobSpec, parallel: int, examples: int) -> tuple[Scenario
     record = ScenarioRecord(scenario="parallel", job=job.name, seed=5)
     settings = ExploreSettings(max_examples=examples, seed=5, parallel=parallel)
     try:
-        explore(runner, job, lambda steps: preemption_plans(steps, max_preemptions=2), settings=settings, record=record)
+        with record:
+            explore(runner, job, lambda steps: preemption_plans(steps, max_preemptions=2), settings=settings)
     except ChaosFailure as failure:
         return record, str(failure.plan)
     return record, None

@@ -193,11 +193,10 @@ def test_a_scenario_that_fails_on_a_leading_plan_reports_the_plans_it_ran(runner
     from spotchaos.search import ExploreSettings
 
     record = ScenarioRecord(scenario="leading", job="broken-no-scheduler-restore", seed=1)
-    with pytest.raises(ChaosFailure):
+    with record, pytest.raises(ChaosFailure):
         runner.explore(
             trainer("broken_no_scheduler_restore"),
             first=lambda *_: [Plan.parse("sigterm@7")],
             settings=ExploreSettings(max_examples=3, seed=1),
-            record=record,
         )
     assert record.plans_tried >= 1 and not record.passed

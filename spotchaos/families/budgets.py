@@ -13,7 +13,7 @@ from ..config.jobs import JobSpec
 from ..config.presets import MTBF_PRESETS
 from ..errors import ScenarioFailure
 from ..faults.plan import Plan, Preemption
-from ..record import ScenarioRecord, note_figures, note_plans
+from ..record import note_figures, note_plans
 from ..session import SessionCore
 from ..training.trajectory import RunRecord
 from .preemption import ChaosFailure
@@ -47,7 +47,6 @@ def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:
 def check_overhead(
     core: SessionCore,
     job: JobSpec,
-    record: ScenarioRecord | None = None,
     measure: Callable[[Callable[[], RunRecord]], RunRecord] | None = None,
 ) -> dict[str, Any]:
     """Checkpoint overhead against ``job.overhead_budget``, plus interval advice and cost.
@@ -91,19 +90,19 @@ def check_overhead(
         figures["advice"] = advice.to_dict()
         figures["advice"]["mtbf_source"] = "job" if job.mtbf_seconds else "preset 'typical' (assumed)"
         figures["cost"] = cost.to_dict()
-    note_figures(record, figures, passed=overhead.passed)
-    note_plans(record, 1)
+    note_figures(figures, passed=overhead.passed)
+    note_plans(1)
     if not overhead.passed:
         raise BudgetFailure(f"job {job.name!r}: {overhead.message()}")
     return figures
 
 
-def check_notice_flush(core: SessionCore, job: JobSpec, record: ScenarioRecord | None = None) -> None:
+def check_notice_flush(core: SessionCore, job: JobSpec) -> None:
     """SIGTERM to durable checkpoint must take at most half the grace window."""
     flushes = notice_flushes(timing_run(core, job))
     failed = [f for f in flushes if not f.passed]
-    note_figures(record, {"notice_flush": [f.to_dict() for f in flushes]}, passed=bool(flushes) and not failed)
-    note_plans(record, 1)
+    note_figures({"notice_flush": [f.to_dict() for f in flushes]}, passed=bool(flushes) and not failed)
+    note_plans(1)
     if failed or not flushes:
         detail = "; ".join(f.message() for f in failed) or "no notice was delivered"
         raise BudgetFailure(f"job {job.name!r}: {detail}")

@@ -15,7 +15,7 @@ from typing import Any
 from ..config.jobs import JobSpec
 from ..errors import ConfigError, SpotchaosError
 from ..faults.plan import Plan, Preemption
-from ..record import ScenarioRecord, note_run
+from ..record import note_figure_row, note_figures, note_run
 from ..session import SessionCore
 from ..training.engine.run import FS_EVENTS, read_fs_events
 from ..training.multirank.rank_verdict import judge_ranks, rank_view, restored_differences, sample_coverage
@@ -118,17 +118,15 @@ def rank_crash_plans(points: list[dict[str, Any]]) -> tuple[list[Plan], list[Pla
     return first, every
 
 
-def check_shard_crash(core: SessionCore, job: JobSpec, rank: int = 1, record: ScenarioRecord | None = None) -> Verdict:
+def check_shard_crash(core: SessionCore, job: JobSpec, rank: int = 1) -> Verdict:
     """Kill ``rank`` as it starts writing its shard of a checkpoint, before the ``.metadata``
     exists: the restart must resume from the previous complete checkpoint, bit-exact."""
     _require_torchrun(job, "a shard crash")
     plan = Plan((Preemption(shard_crash_point(core, job, rank), f"crash-rank{rank}"),))
-    return check(core, job, plan, record)
+    return check(core, job, plan)
 
 
-def check_reshard(
-    core: SessionCore, job: JobSpec, resume_nproc: int, record: ScenarioRecord | None = None
-) -> dict[str, Any]:
+def check_reshard(core: SessionCore, job: JobSpec, resume_nproc: int) -> dict[str, Any]:
     """Preempt ``job`` mid-epoch and resume it on ``resume_nproc`` ranks per node: the steps before
     the preemption bit-exact, the restored tensors equal to the saved ones bit for bit, every
     sample of every epoch seen exactly once across the resume, and the training finished."""
@@ -147,15 +145,14 @@ def check_reshard(
     workdir = core.next_dir(f"{job.name}-reshard{resume_nproc}")
     run = core.execute(job, plan, workdir, judge_restarts=True, resume_nproc=resume_nproc)
     verdict = judge_reshard(reference, run, job.world_size, resume_nproc * job.nnodes)
-    note_run(record, plan, run, verdict, reference)
+    note_run(plan, run, verdict, reference)
     figures = {
         "saved_world": job.world_size,
         "resumed_world": resume_nproc * job.nnodes,
         "resumed_from": next((e["from_step"] for e in run.attempts[-1].of_rank("resume")), None),
         "passed": verdict.passed,
     }
-    if record is not None:
-        record.figures.setdefault("reshard", []).append(figures)
+    note_figure_row("reshard", figures)
     if not verdict.passed:
         raise ChaosFailure(job.name, plan, verdict, run.workdir)
     core.discard(run)
@@ -212,9 +209,7 @@ def _verdict(failures: list[str], missing: list[int], reference_steps: int, prec
     )
 
 
-def determinism_baseline(
-    core: SessionCore, job: JobSpec, worlds: tuple[int, ...] = (2,), record: ScenarioRecord | None = None
-) -> list[dict[str, Any]]:
+def determinism_baseline(core: SessionCore, job: JobSpec, worlds: tuple[int, ...] = (2,)) -> list[dict[str, Any]]:
     """Per world size: do two uninterrupted runs agree bit for bit, and does a preempted one
     resume bit-exact? Reported, so a multi-rank divergence is never blamed on the resume when the
     job is not deterministic at that size (DDP's bucket order may change from 3 ranks)."""
@@ -248,6 +243,5 @@ def determinism_baseline(
             failures=verdict.failures[:3],
         )
         rows.append(row)
-    if record is not None:
-        record.figures["determinism_by_world"] = rows
+    note_figures({"determinism_by_world": rows})
     return rows

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..config.jobs import JobSpec
 from ..errors import ConfigError, ScenarioFailure, SpotchaosError
 from ..faults.plan import Plan
-from ..record import ScenarioRecord, note_run
+from ..record import note_run
 from ..session import SessionCore
 from ..training.trajectory import RunRecord
 from ..training.verdict import Verdict
@@ -30,7 +30,6 @@ def check(
     core: SessionCore,
     job: JobSpec,
     plan: Plan | str,
-    record: ScenarioRecord | None = None,
     ran: tuple[RunRecord, Verdict] | None = None,
 ) -> Verdict:
     """Run one plan (a :class:`Plan` or ``"sigterm@5,sigkill@12"``); raise :class:`ChaosFailure`
@@ -45,7 +44,7 @@ def check(
         raise DamageNotApplied(
             f"job {job.name!r} under plan {plan}: {skipped[0].fault} could not be applied: {skipped[0].detail}"
         )
-    note_run(record, plan, run, verdict, core.reference(job))
+    note_run(plan, run, verdict, core.reference(job))
     if not verdict.passed:
         raise ChaosFailure(job.name, plan, verdict, run.workdir)
     return verdict

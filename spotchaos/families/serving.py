@@ -25,7 +25,7 @@ from ..config.services import InstanceType, ServiceSpec
 from ..errors import JobError, ScenarioFailure
 from ..faults.notices import channel
 from ..host.ports import free_port
-from ..record import ScenarioRecord
+from ..record import note_figure_row
 from ..serving.balancer import Balancer
 from ..serving.load import Load, RequestRecord
 from ..serving.model_store import ModelStore
@@ -239,12 +239,11 @@ def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Pa
     return verdict, workdir
 
 
-def check_drain(core: SessionCore, service: ServiceSpec, record: ScenarioRecord | None = None) -> dict[str, Any]:
+def check_drain(core: SessionCore, service: ServiceSpec) -> dict[str, Any]:
     """The reclaim notice under load: raise :class:`DrainFailure` unless the service drained."""
     verdict, workdir = run_drain(core, service)
     log.info("service %s: %s; %s", service.name, verdict.message().replace("\n", " "), verdict.figures)
-    if record is not None:
-        record.figures.setdefault("serving", []).append({**verdict.figures, "passed": verdict.passed})
+    note_figure_row("serving", {**verdict.figures, "passed": verdict.passed})
     if not verdict.passed:
         raise DrainFailure(service.name, verdict, str(workdir))
     core.discard_dir(workdir)

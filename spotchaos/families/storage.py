@@ -18,7 +18,7 @@ from ..config.jobs import JobSpec
 from ..errors import JobError, ScenarioFailure, SpotchaosError
 from ..faults.plan import Plan, Preemption
 from ..probe import ENV_CHECKPOINT_URI
-from ..record import ScenarioRecord, note_plans, note_run, note_storage
+from ..record import note_plans, note_run, note_storage
 from ..safety.redact import find_leaks, leaking_files, redact
 from ..session import SessionCore
 from ..training.verdict import judge
@@ -56,9 +56,7 @@ def _require_s3(job: JobSpec) -> None:
         raise SpotchaosError(f'job {job.name!r} does not checkpoint to S3: add storage = "s3" to it')
 
 
-def check_storage(
-    core: SessionCore, job: JobSpec, plan: Plan | str, faults: Sequence[Fault], record: ScenarioRecord | None = None
-) -> dict[str, Any]:
+def check_storage(core: SessionCore, job: JobSpec, plan: Plan | str, faults: Sequence[Fault]) -> dict[str, Any]:
     """Run ``plan`` with storage ``faults`` on for the whole run (a SlowDown storm, resets
     mid-upload): every verdict must hold, and no checkpoint may hold training up longer than
     ``job.checkpoint_budget_seconds``; a checkpoint the job gives up and reports
@@ -76,7 +74,7 @@ def check_storage(
     except JobError as exc:
         figures = {"scenario": "storage faults", "faults": names, "plan": str(plan)}
         problems = [str(exc), STORAGE_HINT, *_leak_problems(workdir, core.secrets_of(job))]
-        _storage_verdict(record, figures, problems, f"job {job.name!r} under {names} ({plan}): ")
+        _storage_verdict(figures, problems, f"job {job.name!r} under {names} ({plan}): ")
         raise  # not reached: the problems above are never empty
     acted = {f.name: proxy.injected.get(f.name, 0) - before.get(f.name, 0) for f in faults}
     idle = [name for name, count in acted.items() if not count]
@@ -110,10 +108,10 @@ def check_storage(
         "checkpoints": blocking,
         "budget_seconds": budget,
     }
-    return _storage_outcome(core, job, record, plan, run, verdict, reference, figures, problems, names)
+    return _storage_outcome(core, job, plan, run, verdict, reference, figures, problems, names)
 
 
-def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRecord | None = None) -> dict[str, Any]:
+def check_upload_preemption(core: SessionCore, job: JobSpec) -> dict[str, Any]:
     """Kill the job while a checkpoint is uploading (its uploads slowed to take about
     ``UPLOAD_SECONDS``; the kill waits for the step that starts the second checkpoint and for an
     object upload part-way through): the previous checkpoint must stay the newest valid one,
@@ -141,7 +139,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
         figures = {"scenario": "preempted during a slow upload", "plan": str(plan), "torn_step": torn}
         problems = [f"killed while the checkpoint after step {torn} was uploading: {exc}", TORN_HINT]
         problems += _leak_problems(workdir, core.secrets_of(job))
-        _storage_verdict(record, figures, problems, f"job {job.name!r}: ")
+        _storage_verdict(figures, problems, f"job {job.name!r}: ")
         raise  # not reached: the problems above are never empty
     if torn in [e["step"] for e in run.attempts[0].of_kind("checkpoint")]:
         raise SpotchaosError(
@@ -163,22 +161,18 @@ def check_upload_preemption(core: SessionCore, job: JobSpec, record: ScenarioRec
         "torn_step": torn,
         "resumed_from": resumed,
     }
-    return _storage_outcome(core, job, record, plan, run, verdict, reference, figures, problems, "a slow upload")
+    return _storage_outcome(core, job, plan, run, verdict, reference, figures, problems, "a slow upload")
 
 
-def _storage_outcome(
-    core: SessionCore, job, record, plan, run, verdict, reference, figures, problems, names
-) -> dict[str, Any]:
+def _storage_outcome(core: SessionCore, job, plan, run, verdict, reference, figures, problems, names) -> dict[str, Any]:
     problems = [*problems, *_leak_problems(run.workdir, core.secrets_of(job))]
-    note_run(record, plan, run, verdict, reference)
-    _storage_verdict(record, figures, problems, f"job {job.name!r} under {names}: ")
+    note_run(plan, run, verdict, reference)
+    _storage_verdict(figures, problems, f"job {job.name!r} under {names}: ")
     core.discard(run)
     return figures
 
 
-def check_storage_refusal(
-    core: SessionCore, job: JobSpec, fault: Fault | CredentialSwap, record: ScenarioRecord | None = None
-) -> dict[str, Any]:
+def check_storage_refusal(core: SessionCore, job: JobSpec, fault: Fault | CredentialSwap) -> dict[str, Any]:
     """S3 refuses the restarted job (a key it never issued, a read-only key, a token that
     expires): it must end with a non-zero exit and a message naming the problem, change no
     checkpoint object that existed when the refusals began, and show no secret anywhere the
@@ -248,8 +242,8 @@ def check_storage_refusal(
         "objects_changed": changed,
         "leaks": leaks,
     }
-    note_plans(record, 1, add=True)
-    _storage_verdict(record, figures, problems, f"job {job.name!r} under {fault.name}: ", joiner="; ")
+    note_plans(1, add=True)
+    _storage_verdict(figures, problems, f"job {job.name!r} under {fault.name}: ", joiner="; ")
     if not core.keep_passing:
         shutil.rmtree(workdir, ignore_errors=True)
     return figures
@@ -266,13 +260,11 @@ def _leak_problem(leaks: list[str]) -> list[str]:
     )
 
 
-def _storage_verdict(
-    record: ScenarioRecord | None, figures: dict[str, Any], problems: list[str], prefix: str, joiner: str = " "
-) -> None:
+def _storage_verdict(figures: dict[str, Any], problems: list[str], prefix: str, joiner: str = " ") -> None:
     """Record a storage scenario's figures (with its problems, for the report) and fail on any."""
     figures["passed"] = not problems
     if problems:
         figures["problems"] = problems
-    note_storage(record, figures)
+    note_storage(figures)
     if problems:
         raise StorageFailure(prefix + joiner.join(problems))

@@ -1,12 +1,16 @@
 """What the ``spotchaos`` fixture hands a test: the scenarios it can run against a job.
 
-Each method is one line: a scenario is a call on the runner, wrapped by :meth:`Scenario._run`,
-which records it for the report and turns what the runner raised into a failure, an error or a
-skip (no Docker daemon, no GPU). Everything that runs or judges lives below, in plain modules.
+The scenarios are the Session's (:mod:`spotchaos.runner`, the one list of entry points): the
+fixture offers each method marked ``@scenario`` wrapped by :meth:`Scenario._run`, which records it
+for the report and turns what the runner raised into a failure, an error or a skip (no Docker
+daemon, no GPU), and each ``@query`` as it is. Written out here is only what pytest adds: the
+seed and the parallel and plan options of a search, pytest-benchmark, the image option, and a
+failure made of the determinism rows. Everything that runs or judges lives below, in plain modules.
 """
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,16 +20,14 @@ import pytest
 from ..backends.docker import DockerUnavailable, GpuUnavailable
 from ..config.jobs import JobSpec
 from ..errors import ScenarioFailure, SpotchaosError
-from ..faults.plan import Plan, Preemption
 from ..record import ScenarioRecord, note_error, note_failure, note_plans
 from ..runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource
+from ..session import entry_of
 from ..strategies import FirstPlans
-from ..training.trajectory import RunRecord
 from .stash import RECORDS
 
 if TYPE_CHECKING:
     from ..config.services import ServiceSpec
-    from ..storage import CredentialSwap, Fault
     from .pytest_session import _State
 
 
@@ -42,45 +44,33 @@ class Scenario:
     def runner(self) -> ChaosRunner:
         return self._state.runner
 
-    def check(self, job: JobSpec, plan: Plan | str) -> None:
-        """Run one plan (``Plan`` or ``"sigterm@5,sigkill@12"``); fail unless every verdict holds."""
-        self._run(job, lambda record: self.runner.check(job, plan, record), plans=1)
+    def __getattr__(self, name: str) -> Any:
+        """The Session's entry points, offered as they are: a ``@scenario`` runs inside a record for
+        the report (what it raises becomes a failure, an error or a skip), a ``@query`` is handed
+        over unchanged. Only what pytest adds to a scenario is written out below."""
+        method = getattr(self.runner, name, None) if not name.startswith("_") else None
+        entry = entry_of(method)
+        if entry is None:
+            raise AttributeError(f"the spotchaos fixture has no scenario {name!r}")
+        if not entry.scenario:
+            return method
+
+        @functools.wraps(method)
+        def run(subject: JobSpec | ServiceSpec, *args: Any, **kwargs: Any) -> Any:
+            return self._run(subject, lambda _record: method(subject, *args, **kwargs), plans=entry.plans)
+
+        return run
 
     def explore(self, job: JobSpec, plans: PlanSource | None = None, first: FirstPlans | None = None) -> None:
         """Search plans with hypothesis (``--spotchaos-plan`` replays one plan instead); ``first``
         gives plans to run before the search (``strategies.resumes_across_epochs``)."""
-        self._run(job, lambda record: self._search(job, plans, record, first))
-
-    def reference(self, job: JobSpec) -> RunRecord:
-        """The uninterrupted run of ``job`` (computed once per session)."""
-        return self.runner.reference(job)
-
-    def checkpoint_steps(self, job: JobSpec) -> list[int]:
-        """Steps after which the uninterrupted run reported durable checkpoints."""
-        return self.runner.checkpoint_steps(job)
-
-    def save_boundaries(self, job: JobSpec) -> list[dict[str, Any]]:
-        """The file-system events of one checkpoint save (rotation included): crash points."""
-        return self.runner.save_boundaries(job)
-
-    def resume_boundaries(self, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
-        """(the hard kill before it, the reads of a checkpoint load on restart): crash points."""
-        return self.runner.resume_boundaries(job)
+        self._run(job, lambda _record: self._search(job, plans, first))
 
     def check_overhead(self, job: JobSpec, benchmark: Any = None) -> None:
         """Fail when checkpointing costs more than ``job.overhead_budget`` of training time; with
         pytest-benchmark's ``benchmark`` fixture the measured run is timed by it and the figures go
         to ``--benchmark-json`` (``extra_info``), for comparison across commits."""
         self._run(job, lambda record: self._overhead(job, benchmark, record))
-
-    def check_notice_flush(self, job: JobSpec) -> None:
-        """Fail when SIGTERM-to-durable-checkpoint takes more than half the grace window."""
-        self._run(job, lambda record: self.runner.check_notice_flush(job, record))
-
-    def check_shard_crash(self, job: JobSpec, rank: int = 1) -> None:
-        """A torchrun job: kill ``rank`` as it writes its shard of a checkpoint, before the
-        ``.metadata``; the restart must resume from the previous complete checkpoint, bit-exact."""
-        self._run(job, lambda record: self.runner.check_shard_crash(job, rank, record), plans=1)
 
     def explore_rank_crashes(self, job: JobSpec) -> None:
         """A torchrun job: kill one rank at any file-system event of its part of a checkpoint save
@@ -89,20 +79,15 @@ class Scenario:
         the coordinator, a crash before its first and before its last write. Every restart must
         resume from a complete checkpoint, bit-exact; a checkpoint published before every rank
         finished writing it is named."""
-        self._run(job, lambda record: self._search(job, None, record, rank_crashes=True))
-
-    def check_reshard(self, job: JobSpec, resume_nproc: int) -> None:
-        """A torchrun job: preempt it mid-epoch and resume on ``resume_nproc`` ranks per node; the
-        restored tensors must equal the saved ones and every sample be seen exactly once."""
-        self._run(job, lambda record: self.runner.check_reshard(job, resume_nproc, record), plans=1)
+        self._run(job, lambda _record: self._search(job, None, rank_crashes=True))
 
     def determinism_baseline(self, job: JobSpec, worlds: Sequence[int] = (2,)) -> None:
         """A torchrun job: per world size, two uninterrupted runs and a preempt-and-resume, reported;
         fails when a world size is not repeatable or does not resume bit-exact."""
-        self._run(job, lambda record: self._baseline(job, tuple(worlds), record), plans=len(worlds))
+        self._run(job, lambda _record: self._baseline(job, tuple(worlds)), plans=len(worlds))
 
-    def _baseline(self, job: JobSpec, worlds: tuple[int, ...], record: ScenarioRecord) -> None:
-        rows = self.runner.determinism_baseline(job, worlds, record)
+    def _baseline(self, job: JobSpec, worlds: tuple[int, ...]) -> None:
+        rows = self.runner.determinism_baseline(job, worlds)
         bad = [r for r in rows if not (r["repeatable"] and r["resume_bit_exact"])]
         if bad:
             lines = [f"{r['world']} ranks: {'; '.join(r['repeat_differences'] + r['failures'])}" for r in bad]
@@ -119,35 +104,19 @@ class Scenario:
         request in flight answered in full, none after the notice dropped, the drain over before the
         kill; latency and the outcome of every request go to the report."""
         spec = self.service(service) if isinstance(service, str) else service
-        self._run(spec, lambda record: self.runner.check_drain(spec, record), plans=1)
-
-    def check_upload_preemption(self, job: JobSpec) -> None:
-        """Kill the job inside a slowed checkpoint upload: the previous checkpoint must stay the
-        newest valid one and the restart resume from it bit-exact (``storage = "s3"`` jobs)."""
-        self._run(job, lambda record: self.runner.check_upload_preemption(job, record), plans=1)
-
-    def check_storage(self, job: JobSpec, plan: Plan | str, faults: Sequence[Fault]) -> None:
-        """Run ``plan`` with storage ``faults`` on (``SlowDown(0.3)``, ``ResetMidUpload(...)``): every
-        verdict must hold and no checkpoint may block longer than ``checkpoint_budget_seconds``."""
-        self._run(job, lambda record: self.runner.check_storage(job, plan, faults, record), plans=1)
-
-    def check_storage_refusal(self, job: JobSpec, fault: Fault | CredentialSwap) -> None:
-        """S3 refuses the restart (``UnknownAccessKey()``, ``ReadOnlyKey()``, ``ExpiredToken(...)``):
-        a non-zero exit with a clear message, no checkpoint object changed, no secret shown."""
-        self._run(job, lambda record: self.runner.check_storage_refusal(job, fault, record))
+        self._run(spec, lambda _record: self.runner.check_drain(spec), plans=1)
 
     def _search(
         self,
         job: JobSpec,
         plans: PlanSource | None,
-        record: ScenarioRecord,
         first: FirstPlans | None = None,
         *,
         rank_crashes: bool = False,
     ) -> None:
         if self._state.options.plan is not None:  # --spotchaos-plan: exactly that plan
-            note_plans(record, 1)
-            self.runner.check(job, self._state.options.plan, record)
+            note_plans(1)
+            self.runner.check(job, self._state.options.plan)
             return
         options = self._state.options
         parallel = options.parallel or self._gpu_parallel(job)
@@ -155,9 +124,9 @@ class Scenario:
             max_examples=options.max_examples, seed=self._seed, verbose=options.verbose, parallel=parallel
         )
         if rank_crashes:
-            self.runner.explore_rank_crashes(job, record, settings=settings)
+            self.runner.explore_rank_crashes(job, settings=settings)
         else:
-            self.runner.explore(job, plans, settings=settings, record=record, first=first)
+            self.runner.explore(job, plans, settings=settings, first=first)
 
     def _gpu_parallel(self, job: JobSpec) -> int:
         """A job with gpus: as many plans at once as the machine's GPUs lease (1 without any); a Ray
@@ -177,23 +146,25 @@ class Scenario:
                 return benchmark.pedantic(fn, rounds=1, iterations=1)
 
         try:
-            self.runner.check_overhead(job, record, measure)
+            self.runner.check_overhead(job, measure)
         finally:  # a failing budget still reports its figures
             if benchmark is not None and record.figures:
                 benchmark.extra_info.update(_benchmark_info(record.figures))
 
     def _run(
-        self, job: JobSpec | ServiceSpec, action: Callable[[ScenarioRecord], object], plans: int | None = None
-    ) -> None:
+        self, job: JobSpec | ServiceSpec, action: Callable[[ScenarioRecord], Any], plans: int | None = None
+    ) -> Any:
         """One scenario: a record for the report (kept even if the session is interrupted), then
-        ``action``; what it raises becomes a failure, an error, or a skip (no Docker, no GPU)."""
+        ``action`` inside it (what the families note goes to it); what it raises becomes a failure,
+        an error, or a skip (no Docker, no GPU)."""
         record = ScenarioRecord(scenario=self._item.nodeid, job=job.name, seed=self._state.options.seed)
         self._item.stash[RECORDS].append(record)
         self._state.in_flight[self._item.nodeid] = self._item.stash[RECORDS]
-        if plans is not None:
-            note_plans(record, plans)
         try:
-            action(record)
+            with record:
+                if plans is not None:
+                    note_plans(plans)
+                return action(record)
         except (DockerUnavailable, GpuUnavailable) as exc:
             option = "--spotchaos-require-docker" if isinstance(exc, DockerUnavailable) else "--spotchaos-require-gpu"
             required = (
