@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from spotchaos.config.jobs import JobSpec  # noqa: E402
 from spotchaos.faults.plan import Plan, Preemption  # noqa: E402
 from spotchaos.runner import ChaosRunner  # noqa: E402
-from spotchaos.training.engine import run as engine  # noqa: E402
+from spotchaos.training.engine import attempt as engine  # noqa: E402  (the module that arms the hold)
 from tests.test_script_conventions import sidecar_job  # noqa: E402
 
 STEPS = 30

@@ -32,7 +32,8 @@ from .probe import ENV_CHECKPOINT_URI
 from .safety.redact import leaking_files, secret_variables
 from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
-from .training.engine.run import EngineOptions, run_job
+from .training.engine.options import EngineOptions
+from .training.engine.run import run_job
 from .training.frameworks import framework_of, state_diff_ignore
 from .training.logadapter import StepConvention, convention_from_dict
 from .training.multirank.rank_verdict import add_rank_verdicts

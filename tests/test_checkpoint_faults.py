@@ -11,7 +11,7 @@ from spotchaos.faults import CHECKPOINT_FAULTS, CheckpointSet
 from spotchaos.faults.checkpoint import FlipBits, LatestPointer, Truncate
 from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure, DamageNotApplied
-from spotchaos.training.engine.run import OutsideCheckpoint, damage_newest
+from spotchaos.training.engine.damage import OutsideCheckpoint, damage_newest
 from spotchaos.training.trajectory import Attempt
 
 from .helpers import trainer_job

@@ -188,7 +188,7 @@ def test_the_agent_command_stays_on_loopback():
 
 @pytest.mark.unit
 def test_a_group_restart_inside_one_launch_becomes_an_attempt_of_its_own():
-    from spotchaos.training.engine.run import split_group_restarts
+    from spotchaos.training.multirank.group_restarts import split_group_restarts
     from spotchaos.training.trajectory import Attempt, FaultRecord
 
     def event(kind, rank, **fields):

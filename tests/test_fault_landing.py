@@ -248,12 +248,12 @@ def test_a_plan_resumes_from_a_checkpoint_unless_it_only_kills_before_the_first(
 @pytest.mark.unit
 def test_a_fault_held_back_on_purpose_records_where_it_landed_but_no_lateness():
     """The storage family waits for an upload in flight before its kill: later than the step by design."""
-    from spotchaos.training.engine.run import _settle_landing
+    from spotchaos.training.engine.attempt import settle_landing
     from spotchaos.training.trajectory import Attempt
 
     attempt = Attempt(index=0, exit_code=-9, wall_seconds=1.0, start_seconds=0.1, events=_events(range(13), {3, 7, 11}))
     fault = _fault(9, 12, 12.9)
-    _settle_landing(attempt, fault, None, fast_reference(), deliberate=True)
+    settle_landing(attempt, fault, None, fast_reference(), deliberate=True)
     assert (fault.landed_step, fault.steps_late, untested(fault, 19)) == (12, None, None)
-    _settle_landing(attempt, late := _fault(9, 12, 12.9), None, fast_reference())
+    settle_landing(attempt, late := _fault(9, 12, 12.9), None, fast_reference())
     assert late.steps_late == 3 and "past the checkpoint after step 11" in untested(late, 19)

@@ -17,7 +17,7 @@ import pytest
 from spotchaos.errors import JobError
 from spotchaos.faults import CHECKPOINT_FAULTS, CheckpointSet
 from spotchaos.safety.safefs import UnsafeFile
-from spotchaos.training.engine.run import DamageRefused, damage_newest
+from spotchaos.training.engine.damage import DamageRefused, damage_newest
 from spotchaos.training.trajectory import Attempt
 
 PATH_FAULTS = ["delete-manifest", "corrupt-manifest", "drop-file", "delete-newest", "swap-older", "truncate-zero"]

@@ -15,7 +15,8 @@ from ..config.jobs import JobSpec
 from ..errors import SpotchaosError
 from ..faults.plan import Plan, Preemption
 from ..session import SessionCore
-from ..training.engine.run import FS_EVENTS, read_fs_events
+from ..training.engine.attempt import read_fs_events
+from ..training.engine.options import FS_EVENTS
 from ..training.trajectory import RunRecord
 
 

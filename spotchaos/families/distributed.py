@@ -17,7 +17,8 @@ from ..errors import ConfigError, SpotchaosError
 from ..faults.plan import Plan, Preemption
 from ..record import note_figure_row, note_figures, note_run
 from ..session import SessionCore
-from ..training.engine.run import FS_EVENTS, read_fs_events
+from ..training.engine.attempt import read_fs_events
+from ..training.engine.options import FS_EVENTS
 from ..training.multirank.rank_verdict import judge_ranks, rank_view, restored_differences, sample_coverage
 from ..training.multirank.torchrun import uri_path
 from ..training.trajectory import RunRecord

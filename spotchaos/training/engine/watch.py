@@ -1,0 +1,227 @@
+"""The watch over one running attempt: it reads the job's events as they come, delivers the
+planned fault at its step (and releases the step hold), and enforces every timeout, so a job that
+hangs, never starts or outlives its grace window ends in one line naming which."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ...backends import Handle
+from ...config.jobs import JobSpec
+from ...errors import JobError
+from ...faults import PREEMPTIONS
+from ...faults.notices import MetadataNotice
+from ...faults.plan import Preemption
+from ..events import EventReader
+from ..logadapter import LogEventReader
+from ..trajectory import FaultRecord
+from .hold import Hold
+
+POLL_SECONDS = 0.003
+
+
+# a signal to the whole group acts on every process of it while the job is held: a DataLoader
+# worker it kills is dead, and its death seen by the main process, before the main process goes
+# on (released at once, a fast job's checkpoint and exit raced the workers' deaths)
+GROUP_SETTLE_SECONDS = 0.5
+
+
+class AttemptWatch:
+    """Drives one attempt: polls events, delivers its preemption, enforces the timeouts."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        handle: Handle,
+        reader: EventReader | LogEventReader,
+        preemption: Preemption | None,
+        preempt_when: Callable[[], bool] | None = None,
+        on_checkpoint: Callable[[dict], None] | None = None,
+        metadata: MetadataNotice | None = None,
+        hold: Hold | None = None,
+    ):
+        self.job = job
+        self.hold = hold  # the job waits after the planned step until the fault is delivered
+        self.release_by: float | None = None  # a notice forwarded by torchrun's agent: release once it arrived
+        self.metadata = metadata  # a cloud notice's instance metadata, served for this attempt
+        self.on_checkpoint = on_checkpoint
+        self.preempt_when = preempt_when
+        self.handle = handle
+        self.reader = reader
+        self.preemption = preemption
+        self.started = time.monotonic()
+        self.started_wall = time.time()
+        self.first_event_at: float | None = None
+        self.last_event_at = self.started
+        self.last_step: int | None = None
+        self.fault: FaultRecord | None = None
+        self.delivered_at: float | None = None
+        self.reclaimed = False  # the grace window's end took the nodes of a job that runs on (Ray Train)
+        self.exit_code: int | None = None
+
+    def run(self) -> None:
+        while True:
+            now = time.monotonic()
+            self._consume(now)
+            self._maybe_preempt(now)
+            self._maybe_release(now)
+            code = self.handle.poll()
+            if code is not None:
+                self.exit_code = code
+                self._consume(time.monotonic())
+                if self.fault is not None and self.delivered_at is not None:
+                    self.fault.exit_seconds = time.monotonic() - self.delivered_at
+                return
+            self._enforce_deadlines(now)
+            time.sleep(POLL_SECONDS)
+
+    def _consume(self, now: float, new: list[dict] | None = None) -> None:
+        new = self.reader.read_new() if new is None else new
+        if not new:
+            return
+        if self.first_event_at is None:
+            self.first_event_at = now
+        self.last_event_at = now
+        ranks = getattr(self.handle, "note_event", None)  # a torchrun job: which rank said what, and when
+        # the held rank's steps time the plan's fault (rank 0's when none is held): delivered as it
+        # holds, never while it runs on, released by a fault that came first for another rank's step
+        timing = self.hold.rank if self.hold is not None else 0
+        for event in new:
+            rank = event.get("rank", 0)
+            if event["event"] == "step" and rank == timing:
+                self.last_step = event["step"]
+            elif event["event"] == "notice" and self.hold is not None and rank == self.hold.rank:
+                self.release_by = now  # the held rank has the forwarded notice: it may go on
+            elif event["event"] == "checkpoint" and self.on_checkpoint is not None:
+                self.on_checkpoint(event)
+            if ranks is not None and isinstance(rank, int):
+                if event["event"] == "start":
+                    self.handle.note_rank(rank, event.get("pid"))
+                ranks(rank, event["step"] if event["event"] == "step" else None)
+
+    def _maybe_preempt(self, now: float) -> None:
+        p = self.preemption
+        if p is None or self.fault is not None or self.last_step is None or self.last_step < p.at_step:
+            return
+        if p.fault == "rerun":
+            return  # the job runs to its end; run_job starts it again
+        if self.preempt_when is not None and not self.preempt_when():
+            return
+        if isinstance(self.reader, LogEventReader):  # the checkpoints on disk now came before the fault
+            self._consume(now, self.reader.look_now())
+        fault = PREEMPTIONS[p.fault]
+        fault.apply(self.handle)
+        if self.metadata is not None:  # the notice goes up on the metadata; the deadline is the grace window's end
+            self.metadata.deliver(self.handle, time.time() + float(self.job.grace_seconds or 30.0))
+        self.delivered_at = now
+        self.fault = FaultRecord(
+            fault=p.fault,
+            planned_step=p.at_step,
+            observed_step=self.last_step,
+            delivered_at=now - self.started,
+            delivered_wall=time.time(),
+            grace_seconds=self.job.grace_seconds if fault.graceful else None,
+            detail=getattr(self.handle, "delivery_note", ""),  # what the notice met on its way in
+        )
+        if self.hold is not None:  # a notice a launcher passes on (torchrun's agent, Ray Train's watcher) comes later
+            lag = getattr(self.handle, "notice_lag_seconds", 0.0) if fault.graceful else 0.0
+            if getattr(fault, "whole_group", False):  # every process hears it before the job goes on
+                lag = max(lag, GROUP_SETTLE_SECONDS)
+            self.release_by = now + min(lag, float(self.job.grace_seconds or 30.0) / 2)
+            self._maybe_release(now)
+
+    def _maybe_release(self, now: float) -> None:
+        """Let the held job go on once its fault is delivered (a notice torchrun's agent forwards:
+        once the held rank reports it, or after a few seconds)."""
+        if self.hold is not None and self.release_by is not None and now >= self.release_by:
+            self.hold.release()
+            self.release_by = None
+
+    def _enforce_deadlines(self, now: float) -> None:
+        if self.fault is not None and self.delivered_at is not None:
+            fault = PREEMPTIONS[self.fault.fault]
+            if self.fault.grace_seconds is not None and now - self.delivered_at > self.fault.grace_seconds:
+                self._grace_over()
+            if getattr(fault, "hangs", False):
+                self._detect_hang(now)
+                return
+            if not getattr(fault, "continues", False) and not self.reclaimed:
+                return  # the job is being preempted: the grace window, not hang detection, applies
+        if self.first_event_at is None:
+            if now - self.started > self.job.start_timeout_seconds and self.job.log is not None:
+                raise JobError(
+                    f"job {self.job.name!r}: no line of its {self.job.log.stream} matched {self.job.log.where}.pattern "
+                    f"{self.job.log.pattern!r} within {self.job.start_timeout_seconds:g} s (start_timeout_seconds)"
+                )
+            if now - self.started > self.job.start_timeout_seconds and self.job.multi_rank:
+                raise JobError(
+                    f"job {self.job.name!r} never started: no rank reported an event within "
+                    f"{self.job.start_timeout_seconds:g} s (start_timeout_seconds). A rank that never joins the "
+                    f"rendezvous or init_process_group holds back all {self.job.world_size} (nnodes = "
+                    f"{self.job.nnodes}, nproc_per_node = {self.job.nproc_per_node}); does each create a "
+                    "spotchaos.probe.Probe and call start()?"
+                )
+            if now - self.started > self.job.start_timeout_seconds:
+                raise JobError(
+                    f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
+                    f"(start_timeout_seconds). Does the trainer create a spotchaos.probe.Probe and call start()?"
+                )
+        elif self.job.multi_rank:  # silence is judged by whether ranks run, never by event_timeout
+            if now - self.last_event_at <= self._rank_silence_limit():
+                pass
+            elif self.handle.ranks_alive():
+                raise JobError(
+                    f"job {self.job.name!r} hangs: no rank reported an event for {self.job.hang_seconds:g} s after "
+                    f"step {self.last_step} (hang_timeout_seconds): {self.handle.describe_hang()}"
+                )
+            else:
+                why = (
+                    "does its group restart fail to rendezvous?"
+                    if self.job.launcher == "torchrun"
+                    else "can the cluster place its ScalingConfig's workers again (its controller's log below)?"
+                )
+                raise JobError(
+                    f"job {self.job.name!r}: {getattr(self.handle, 'launcher', 'its launcher')} started no rank for "
+                    f"{self.job.start_timeout_seconds:g} s after step {self.last_step} (start_timeout_seconds): {why}"
+                )
+        elif now - self.last_event_at > self.job.event_timeout_seconds:
+            where = f"after step {self.last_step}" if self.last_step is not None else "after its start event"
+            limit = self.job.event_timeout_seconds
+            raise JobError(f"job {self.job.name!r} hangs: no event for {limit:g} s {where} (event_timeout_seconds)")
+        if now - self.started > self.job.attempt_timeout_seconds:
+            raise JobError(
+                f"job {self.job.name!r} ran past attempt_timeout_seconds ({self.job.attempt_timeout_seconds:g} s)"
+            )
+
+    def _grace_over(self) -> None:
+        """The grace window is over: the provider pulls the plug. A job that was to exit by now is
+        SIGKILLed; one whose launcher outlives its nodes (a Ray Train driver, whose workers' nodes
+        were drained) loses the nodes and runs on, and the watch goes on as after any other fault
+        the job survives."""
+        reclaim = getattr(self.handle, "reclaim", None)
+        if reclaim is None:
+            assert self.fault is not None
+            self.fault.grace_exceeded = True
+            self.handle.kill()
+        elif not self.reclaimed:
+            self.reclaimed = True
+            reclaim()
+
+    def _rank_silence_limit(self) -> float:
+        """How long a torchrun job may be silent: hang_timeout_seconds while ranks run; while none
+        does (the agent restarting its group, the new ranks importing), start_timeout_seconds."""
+        return self.job.hang_seconds if self.handle.ranks_alive() else self.job.start_timeout_seconds
+
+    def _detect_hang(self, now: float) -> None:
+        """After a hang-rank fault: once no rank has reported for hang_timeout_seconds, name the
+        hung rank and end the job, as a watchdog would; the restart resumes like after a kill."""
+        fault = self.fault
+        if fault is None or fault.hang_detected_seconds is not None:
+            return
+        if now - max(self.last_event_at, self.delivered_at or now) > self.job.hang_seconds:
+            fault.hang_detected_seconds = now - (self.delivered_at or now)
+            fault.detail = (
+                f"{fault.detail}; detected after {fault.hang_detected_seconds:.1f} s: {self.handle.describe_hang()}"
+            )
+            self.handle.kill()
