@@ -55,6 +55,42 @@ def explore(
     """
     settings = settings or ExploreSettings()
     reference = core.reference(job)
+    search = _Search(core, job, settings, _strategy(plans, reference))
+    leading = _first_plans(first, reference)[: max(0, settings.max_examples - 1)]  # at least one searched
+    searching = search.searching(max(1, settings.max_examples - len(leading)))
+    # Plans in parallel: the plans the search will draw are run ahead, several at once; the search
+    # then runs as always, one plan after another, and finds each drawn plan's run already made.
+    # Where every plan passes it draws exactly those; a failure or a rejected plan makes it draw
+    # others (shrinking), which run then, one at a time.
+    if settings.parallel > 1:
+        search.ahead = _run_ahead(core, job, leading, searching, settings)
+    try:
+        for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
+            search.attempt(plan)
+        searching(search.attempt)()
+    except FlakyFailure as group:
+        failure = search.flaky(group)
+        if failure is None:
+            raise
+        raise failure from (group if settings.verbose else None)
+    except Unsatisfiable:
+        raise DamageNotApplied(
+            f"job {job.name!r}: no plan could damage a checkpoint (does it report durable checkpoints "
+            "with probe.checkpoint before the preemption steps tried?)"
+        ) from None
+    finally:
+        note_plans(search.tried)
+        for left in search.ahead.values():  # run ahead, never reached by the search (it went elsewhere)
+            if not isinstance(left, BaseException):
+                core.discard(left[0])
+    if search.aborted:
+        raise search.aborted[0]
+    return search.tried
+
+
+def _strategy(plans: PlanSource | None, reference: RunRecord) -> st.SearchStrategy[Plan]:
+    """The plans to draw for this job: a plan that only ever restarts afresh tests nothing a user
+    meant, and is never drawn."""
     total_steps = len(reference.steps)
     if plans is None:
         strategy = preemption_plans(total_steps)
@@ -64,94 +100,88 @@ def explore(
         strategy = plans(total_steps)
     saved = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
     first_checkpoint = saved[0] if saved else None
-    # a plan that only ever restarts afresh tests nothing a user meant: never drawn
-    strategy = strategy.filter(lambda plan: resumes_from_a_checkpoint(plan, first_checkpoint))
-    aborted: list[SpotchaosError] = []
-    tried = 0
-    # a plan that passed (or had nothing to damage) runs once: a repeat draw is neither run nor
-    # counted again. A failing plan is run again when hypothesis replays it: a verdict that does not
-    # fail twice was decided by timing, which the report must say
-    verdicts: dict[str, str] = {}
+    return strategy.filter(lambda plan: resumes_from_a_checkpoint(plan, first_checkpoint))
 
-    leading = _first_plans(first, reference)[: max(0, settings.max_examples - 1)]  # at least one searched
-    searched = max(1, settings.max_examples - len(leading))
-    test_settings = hypothesis_settings(
-        max_examples=searched,
-        deadline=None,
-        database=None,
-        derandomize=settings.seed is None,
-        phases=(Phase.generate, Phase.shrink),
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-        print_blob=False,
-    )
 
-    def searching(function: Callable[[Plan], None]) -> Callable[[], None]:
-        test = test_settings(given(plan=strategy)(function))
-        return hypothesis_seed(settings.seed)(test) if settings.seed is not None else test
+class _Search:
+    """One search's bookkeeping. A plan that passed (or had nothing to damage) runs once: a repeat
+    draw is neither run nor counted again. A failing plan is run again when hypothesis replays it:
+    a verdict that does not fail twice was decided by timing, which the report must say."""
 
-    # Plans in parallel: the plans the search will draw are run ahead, several at once; the search
-    # then runs as always, one plan after another, and finds each drawn plan's run already made.
-    # Where every plan passes it draws exactly those; a failure or a rejected plan makes it draw
-    # others (shrinking), which run then, one at a time.
-    ahead = _run_ahead(core, job, leading, searching, settings) if settings.parallel > 1 else {}
+    def __init__(
+        self, core: SessionCore, job: JobSpec, settings: ExploreSettings, strategy: st.SearchStrategy[Plan]
+    ) -> None:
+        self.core, self.job, self.settings, self.strategy = core, job, settings, strategy
+        self.verdicts: dict[str, str] = {}
+        self.aborted: list[SpotchaosError] = []
+        self.tried = 0
+        self.ahead: dict[str, tuple[RunRecord, Verdict] | BaseException] = {}
 
-    def attempt(plan: Plan) -> None:
-        nonlocal tried
-        if aborted:
+    def searching(self, examples: int) -> Callable[[Callable[[Plan], None]], Callable[[], None]]:
+        """A hypothesis test of ``examples`` plans around a function of one plan, seeded as asked."""
+        test_settings = hypothesis_settings(
+            max_examples=examples,
+            deadline=None,
+            database=None,
+            derandomize=self.settings.seed is None,
+            phases=(Phase.generate, Phase.shrink),
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            print_blob=False,
+        )
+
+        def search(function: Callable[[Plan], None]) -> Callable[[], None]:
+            test = test_settings(given(plan=self.strategy)(function))
+            return hypothesis_seed(self.settings.seed)(test) if self.settings.seed is not None else test
+
+        return search
+
+    def attempt(self, plan: Plan) -> None:
+        """One plan drawn (or led with): run and judged, or its verdict reused."""
+        if self.aborted:
             return
         key = str(plan)
-        if key in verdicts:  # hypothesis drew (or replays) a plan already run: the same verdict, not a new run
-            if verdicts[key] == "reject":
+        if key in self.verdicts:  # hypothesis drew (or replays) a plan already run: the same verdict, not a new run
+            if self.verdicts[key] == "reject":
                 reject()
             return
-        tried += 1
-        shrinking = " (shrinking a failure)" if tried > settings.max_examples else ""
-        log.info("job %s: plan %d of %d planned%s: %s", job.name, tried, settings.max_examples, shrinking, plan)
-        ran = ahead.pop(key, None)  # a failing plan's replay is run again: only its first verdict was made ahead
+        self.tried += 1
+        shrinking = " (shrinking a failure)" if self.tried > self.settings.max_examples else ""
+        log.info(
+            "job %s: plan %d of %d planned%s: %s",
+            self.job.name,
+            self.tried,
+            self.settings.max_examples,
+            shrinking,
+            plan,
+        )
+        ran = self.ahead.pop(key, None)  # a failing plan's replay is run again: only its first verdict was made ahead
         try:
             if isinstance(ran, BaseException):
                 raise ran
-            check(core, job, plan, ran)
-            verdicts[key] = "passed"
+            check(self.core, self.job, plan, ran)
+            self.verdicts[key] = "passed"
         except DamageNotApplied:
-            verdicts[key] = "reject"
+            self.verdicts[key] = "reject"
             reject()  # nothing to damage at that step: not a verdict, try another plan
         except ScenarioFailure:
             raise  # a verdict: hypothesis shrinks it to the smallest failing plan
         except SpotchaosError as exc:
-            aborted.append(exc)
+            self.aborted.append(exc)
 
-    try:
-        for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
-            attempt(plan)
-        searching(attempt)()
-    except FlakyFailure as group:
+    def flaky(self, group: FlakyFailure) -> ScenarioFailure | None:
+        """A verdict that did not fail again when hypothesis replayed its plan: timing decided it
+        (where a signal landed). Spotchaos's message first; the ~60 lines of hypothesis's
+        exception group only for who asked for them (-v)."""
         failure = _first_verdict(group)
         if failure is None:
-            raise
-        # A verdict that did not fail again when hypothesis replayed its plan: timing decided it
-        # (where a signal landed). Spotchaos's message first; the ~60 lines of hypothesis's
-        # exception group only for who asked for them (-v).
+            return None
         failure.add_note(
             "spotchaos: this plan failed once and passed when replayed, so where the fault landed decided it; "
             "the failure above is real for that landing"
-            + ("" if settings.verbose else " (pytest -v shows hypothesis's account)")
+            + ("" if self.settings.verbose else " (pytest -v shows hypothesis's account)")
         )
-        raise failure from (group if settings.verbose else None)
-    except Unsatisfiable:
-        raise DamageNotApplied(
-            f"job {job.name!r}: no plan could damage a checkpoint (does it report durable checkpoints "
-            "with probe.checkpoint before the preemption steps tried?)"
-        ) from None
-    finally:
-        note_plans(tried)
-        for left in ahead.values():  # run ahead, never reached by the search (it went elsewhere)
-            if not isinstance(left, BaseException):
-                core.discard(left[0])
-    if aborted:
-        raise aborted[0]
-    return tried
+        return failure
 
 
 def _run_ahead(

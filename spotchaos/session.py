@@ -15,37 +15,31 @@ import logging
 import shutil
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
 from .config.container import ContainerSpec
 from .config.jobs import JobSpec, load_settings
 from .errors import NotDeterministic, SpotchaosError
 from .faults.plan import Plan
 from .host.gpu_leases import GpuPool
-from .probe import ENV_CHECKPOINT_URI
 from .safety.redact import leaking_files, secret_variables
 from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
 from .training.engine.options import EngineOptions
 from .training.engine.run import run_job
-from .training.frameworks import framework_of, state_diff_ignore
+from .training.judgement import judge_run, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
-from .training.multirank.rank_verdict import add_rank_verdicts
-from .training.multirank.torchrun import published_before_ranks, published_without_metadata
-from .training.state.checkpoint_reader import ConfinedLoader, tensor_distances
-from .training.state.diff import KEEP_BYTES, StateDifference, kept_dir, too_big
-from .training.state.diff import compare as compare_kept
+from .training.state.diff import kept_dir
 from .training.trajectory import RunRecord
-from .training.verdict import Verdict, judge
+from .training.verdict import Verdict
 
 if TYPE_CHECKING:
     from .storage import Fault, S3Service
+    from .storage.per_run import SessionS3
 
 log = logging.getLogger("spotchaos")
 RestartHook = Callable[[int, Mapping[str, str]], Mapping[str, str] | None]
@@ -99,7 +93,7 @@ class SessionCore:
         self._lock = threading.Lock()
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
-        self._s3: S3Service | None = None  # started with the first job that checkpoints to S3
+        self._s3: SessionS3 | None = None  # started with the first job that checkpoints to S3
         self._resources = contextlib.ExitStack()  # what close() stops: containers, the S3 server and its proxy
         self.secrets: list[str] = []  # every S3 secret handed to a job: redacted and searched for in the output
         self._gpus: GpuPool | None = None  # the machine's GPUs, found with the first job that needs one
@@ -152,7 +146,7 @@ class SessionCore:
         for index in range(2, job.uninterrupted_runs + 1):
             record = self.execute(job, Plan(), self.next_dir(f"{job.name}-uninterrupted-{index}"))
             runs.append(record)
-            for name, distance in self._weights_distance(job, reference, record).items():
+            for name, distance in weights_distance(job, reference, record).items():
                 spread[name] = [max(a, b) for a, b in zip(spread.get(name, [0.0, 0.0]), distance, strict=True)]
             self.discard(record)
         result = audit_runs(runs, spread)
@@ -234,29 +228,24 @@ class SessionCore:
     def s3(self) -> S3Service:
         """The harness's S3 (moto behind the fault proxy), started with the first S3 job; tests and
         scenarios add storage faults to it."""
+        return self._session_s3().service
+
+    def _session_s3(self) -> SessionS3:
         with self._lock:
             if self._s3 is None:
-                from .storage import MotoS3, S3Service
+                from .storage.per_run import SessionS3  # moto and the proxy only for an S3 job
 
-                moto = self._resources.enter_context(MotoS3())
-                self._s3 = self._resources.enter_context(S3Service(moto))
+                self._s3 = SessionS3(self._resources, self.secrets)
             return self._s3
 
     @contextlib.contextmanager
     def _storage(self, job: JobSpec) -> Iterator[dict[str, str]]:
-        """The run's storage environment. For S3: a fresh bucket (the harness works on its own
-        copies) and an IAM user of the run's own, whose secret is unique to the run, with moto
-        checking signatures and policies while the run lasts."""
+        """The run's storage environment: for S3, a bucket and an IAM user of the run's own."""
         if job.storage != "s3":
             yield {}
             return
-        service = self.s3
-        with service.iam():
-            credentials = service.issue()
-            self.secrets.append(credentials.secret_key)
-            bucket = f"spotchaos-{uuid.uuid4().hex[:12]}"
-            service.client(direct=True).create_bucket(Bucket=bucket)
-            yield {**service.environment(credentials), ENV_CHECKPOINT_URI: f"s3://{bucket}/ckpt"}
+        with self._session_s3().run_environment() as environment:
+            yield environment
 
     def execute(
         self,
@@ -312,77 +301,22 @@ class SessionCore:
                 return run_job(job, plan, workdir, options)
 
     def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
-        """Run ``plan`` and judge it against the reference; a passing run's directory goes."""
+        """Run ``plan``, judge it against the reference; a passing run's directory goes."""
         reference = self.reference(job)
         workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
         record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed")
-        envelope = self.envelope(job)
-        if envelope is not None and record.final is not None:  # how far its weights are from the reference's
-            record.final["tensor_spread"] = self._weights_distance(job, reference, record)
-        verdict = judge(reference, record, envelope)
-        found = self._state_difference(job, reference, record)
-        skipped = too_big(kept_dir(record.workdir))
-        if skipped:
-            verdict.precision += f"; state diff: {len(skipped)} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
-        if found is not None:  # names the cause of a divergence, or is a latent failure of its own
-            verdict.failures.append(found.describe(latent=verdict.passed))
-            verdict.passed = False
-            verdict.state_difference = asdict(found)
-        if job.multi_rank:  # what only the other ranks show: their own trajectories, samples
-            torn = []
-            if job.launcher == "torchrun":  # torch.distributed.checkpoint's publication, by its files
-                torn = [
-                    *published_without_metadata(record.attempts, record.workdir),
-                    *published_before_ranks(record.attempts, record.workdir),
-                ]
-            add_rank_verdicts(verdict, reference, record, torn)
-        if job.launcher == "ray-train":
-            from .training.multirank.ray_train import explain
-
-            explained = explain(verdict.failures, record)
-            verdict.passed = verdict.passed and len(explained) == len(verdict.failures)
-            verdict.failures = explained
-        leaked = self.leaks(job, record)
-        if leaked:  # a job that prints its own secret fails every scenario, not only the storage ones
-            verdict.failures.append(leaked)
-            verdict.passed = False
+        verdict = judge_run(
+            job,
+            reference,
+            record,
+            envelope=self.envelope(job),
+            backend=lambda: self.backend(job),
+            root=self.root,
+            leaked=lambda: self.leaks(job, record),
+        )
         if verdict.passed:
             self.discard(record)
         return record, verdict
-
-    @staticmethod
-    def _weights_distance(job: JobSpec, reference: RunRecord, run: RunRecord) -> dict[str, list[float]]:
-        """Per final tensor, how far ``run``'s weights are from the reference's (envelope mode)."""
-        a, b = reference.attempts[-1].final_tensors, run.attempts[-1].final_tensors
-        if a is None or b is None:
-            return {}
-        return tensor_distances(Path(a), Path(b), job.log.final_key if job.log is not None else None)
-
-    def _state_difference(self, job: JobSpec, reference: RunRecord, run: RunRecord) -> StateDifference | None:
-        """The first checkpoint written after a resume whose state differs from the reference's."""
-        if not job.state_diff or len(run.attempts) < 2 or job.launcher != "python":
-            return None
-        backend = self.backend(job) or SubprocessBackend()
-        confined = ConfinedLoader(
-            backend,
-            in_container=job.container is not None,
-            env={**backend.inherited_environment(), **job.environment()},
-            cwd=self.root / job.cwd if job.cwd else self.root,
-            folder=Path(run.workdir),
-            writable=(Path(run.workdir),),
-            readable=(kept_dir(reference.workdir), kept_dir(run.workdir)),
-        )
-        return compare_kept(
-            kept_dir(reference.workdir),
-            kept_dir(run.workdir),
-            confined=confined,
-            ignore=state_diff_ignore(
-                framework_of(job.framework, reference.attempts[0].of_kind("start") if reference.attempts else []),
-                job.state_diff_ignore,
-            ),
-            exact_floats=job.exactness == "bit",
-            runs=(str(reference.workdir), str(run.workdir)),
-        )
 
     def secrets_of(self, job: JobSpec) -> list[str]:
         """What no output of ``job`` may show: its secret-named variables and every S3 secret handed out."""

@@ -12,7 +12,7 @@ import json
 import sys
 import tomllib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -370,39 +370,6 @@ _RENAMED = {
     "event_timeout": "event_timeout_seconds",
     "attempt_timeout": "attempt_timeout_seconds",
 }
-_JOB_KEYS = {
-    "command",
-    "backend",
-    "ray_resources",
-    "resume_command",
-    "env",
-    "cwd",
-    "provider",
-    "mtbf",
-    "cost",
-    "image",
-    "container",
-    "log",
-    "resume_args",
-    "resume_if_exists",
-    "determinism_runs",
-    "exactness",
-    "envelope_factor",
-    "state_diff",
-    "state_diff_ignore",
-    "parametrize",
-    "storage",
-    "launcher",
-    "nproc_per_node",
-    "nnodes",
-    "max_restarts",
-    "rdzv_port",
-    "reshard_nproc_per_node",
-    "gpus",
-    "framework",
-    *_NUMBER_KEYS,
-    *_RENAMED,
-}
 
 
 def _check_number(value: Any, where: str, what: str, low: float, high: float) -> None:
@@ -432,6 +399,68 @@ def _cost(table: Any, where: str) -> CostInputs:
 _TOP_KEYS = {"output", "builtin", "jobs", "services", "gpus", "ray"}
 
 
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false")
+    return value
+
+
+def _storage(value: Any, where: str) -> str:
+    if value not in STORAGES:
+        raise ConfigError(f"{where}: must be one of {', '.join(STORAGES)}, got {value!r}")
+    return value
+
+
+def _ignore_patterns(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        raise ConfigError(f"{where}: must be a list of patterns such as 'trainer.pt:timestamp'")
+    return tuple(value)
+
+
+# Keys handed to JobSpec as they are (its __post_init__ checks each), and keys read through a
+# parser: (JobSpec's field, the parser of (value, where)). With command, resume_command, env, cwd,
+# image and container, and the old names, they are every key a job table may hold.
+_PLAIN_KEYS = (
+    *_NUMBER_KEYS,
+    "provider",
+    "resume_if_exists",
+    "determinism_runs",
+    "exactness",
+    "envelope_factor",
+    "launcher",
+    "nproc_per_node",
+    "nnodes",
+    "max_restarts",
+    "rdzv_port",
+    "reshard_nproc_per_node",
+    "gpus",
+    "framework",
+    "backend",
+)
+_PARSED_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "mtbf": ("mtbf_seconds", _mtbf),
+    "cost": ("cost", _cost),
+    "log": ("log", log_from_mapping),
+    "storage": ("storage", _storage),
+    "parametrize": ("parametrize", _flag),
+    "resume_args": ("resume_args", command_of),
+    "state_diff": ("state_diff", _flag),
+    "state_diff_ignore": ("state_diff_ignore", _ignore_patterns),
+    "ray_resources": ("ray_resources", lambda value, where: _ray_resources(value, where)),  # defined below
+}
+_JOB_KEYS = {
+    "command",
+    "resume_command",
+    "env",
+    "cwd",
+    "image",
+    "container",
+    *_PLAIN_KEYS,
+    *_PARSED_KEYS,
+    *_RENAMED,
+}
+
+
 def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpec:
     """Build a job from one ``[tool.spotchaos.jobs.NAME]`` table, naming any bad key."""
     table, where = checked_table("jobs", name, table, source, _JOB_KEYS)
@@ -441,72 +470,17 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
     cwd = table.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ConfigError(f"{where('cwd')}: must be a string")
-    for old_key, new_key in _RENAMED.items():
-        if old_key in table:
-            if new_key in table:
-                raise ConfigError(f"{where(old_key)}: give {new_key} only (the old name is deprecated)")
-            warnings.warn(
-                f"{where(old_key)} is deprecated: call it {new_key} (it will stop working in a later release)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            table = {**table, new_key: table[old_key]}
-    kwargs: dict[str, Any] = {key: table[key] for key in _NUMBER_KEYS if key in table}
-    if "provider" in table:
-        kwargs["provider"] = table["provider"]
-    if "mtbf" in table:
-        kwargs["mtbf_seconds"] = _mtbf(table["mtbf"], where("mtbf"))
-    if "cost" in table:
-        kwargs["cost"] = _cost(table["cost"], where("cost"))
+    table = _renamed(table, where)
+    kwargs: dict[str, Any] = {key: table[key] for key in _PLAIN_KEYS if key in table}
+    for key, (field_name, parse) in _PARSED_KEYS.items():
+        if key in table:
+            kwargs[field_name] = parse(table[key], where(key))
     if "container" in table and "image" not in table:
         raise ConfigError(f'{where("container")}: needs an image: add image = "..." to the job')
     if "image" in table:
         kwargs["container"] = container_from_mapping(
             table["image"], table.get("container"), f"{source} [tool.spotchaos.jobs.{name}]"
         )
-    if "log" in table:
-        kwargs["log"] = log_from_mapping(table["log"], where("log"))
-    if "storage" in table:
-        if table["storage"] not in STORAGES:
-            raise ConfigError(f"{where('storage')}: must be one of {', '.join(STORAGES)}, got {table['storage']!r}")
-        kwargs["storage"] = table["storage"]
-    if "parametrize" in table:
-        if not isinstance(table["parametrize"], bool):
-            raise ConfigError(f"{where('parametrize')}: must be true or false")
-        kwargs["parametrize"] = table["parametrize"]
-    if "resume_args" in table:
-        kwargs["resume_args"] = command_of(table["resume_args"], where("resume_args"))
-    for key in (
-        "resume_if_exists",
-        "determinism_runs",
-        "exactness",
-        "envelope_factor",
-        "launcher",
-        "nproc_per_node",
-        "nnodes",
-        "max_restarts",
-        "rdzv_port",
-        "reshard_nproc_per_node",
-        "gpus",
-        "framework",
-    ):
-        if key in table:
-            kwargs[key] = table[key]
-    if "state_diff" in table:
-        if not isinstance(table["state_diff"], bool):
-            raise ConfigError(f"{where('state_diff')}: must be true or false")
-        kwargs["state_diff"] = table["state_diff"]
-    if "state_diff_ignore" in table:
-        ignore = table["state_diff_ignore"]
-        if not isinstance(ignore, list) or not all(isinstance(p, str) and p for p in ignore):
-            raise ConfigError(
-                f"{where('state_diff_ignore')}: must be a list of patterns such as 'trainer.pt:timestamp'"
-            )
-        kwargs["state_diff_ignore"] = tuple(ignore)
-    if "backend" in table:
-        kwargs["backend"] = table["backend"]
-    if "ray_resources" in table:
-        kwargs["ray_resources"] = _ray_resources(table["ray_resources"], where("ray_resources"))
     resume = table.get("resume_command")
     return JobSpec(
         name=name,
@@ -517,6 +491,21 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
         source=source,
         **kwargs,
     )
+
+
+def _renamed(table: Mapping[str, Any], where: Callable[[str], str]) -> Mapping[str, Any]:
+    """The table with old key names under their new ones, each with a DeprecationWarning."""
+    for old_key, new_key in _RENAMED.items():
+        if old_key in table:
+            if new_key in table:
+                raise ConfigError(f"{where(old_key)}: give {new_key} only (the old name is deprecated)")
+            warnings.warn(
+                f"{where(old_key)} is deprecated: call it {new_key} (it will stop working in a later release)",
+                DeprecationWarning,
+                stacklevel=3,  # the caller of job_from_mapping, as before
+            )
+            table = {**table, new_key: table[old_key]}
+    return table
 
 
 def _ray_resources(table: Any, where: str) -> tuple[tuple[str, float], ...]:

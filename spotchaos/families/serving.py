@@ -23,7 +23,7 @@ from typing import Any
 
 from ..config.services import InstanceType, ServiceSpec
 from ..errors import JobError, ScenarioFailure
-from ..faults.notices import channel
+from ..faults.notices import MetadataNotice, SigtermNotice, channel
 from ..host.ports import free_port
 from ..record import note_figure_row
 from ..serving.balancer import Balancer
@@ -68,175 +68,231 @@ def _timeline(records: list[RequestRecord], origin: float, width: float = TIMELI
 def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Path]:
     """One run: start, steady state, notice, drain or kill, then the replacement on the first
     available type of the fallback order (if any); the verdict and the run's directory."""
-    service = replace(service, request=service.request.resolve(core.root))  # a "module:function" factory, imported
-    workdir = core.next_dir(f"{service.name}-drain")
-    workdir.mkdir(parents=True)
-    port = service.port or free_port()
-    docker = core.docker_backend if service.container is not None else None
-    with contextlib.ExitStack() as stack:
+    return _DrainRun(core, service).run()
+
+
+class _DrainRun:
+    """One drain run, a method a phase, in the order the platform lives it. Everything it starts
+    (the notice's channel, instances, the balancer, the load, the readiness watch) is entered into
+    one ExitStack and gone when ``run`` returns, whatever happened."""
+
+    def __init__(self, core: SessionCore, service: ServiceSpec) -> None:
+        self.core = core
+        # a "module:function" factory, imported
+        self.service = replace(service, request=service.request.resolve(core.root))
+        self.workdir = core.next_dir(f"{service.name}-drain")
+        self.port = service.port or free_port()
+        self.docker = core.docker_backend if service.container is not None else None
+        self.notice_seconds = float(service.notice_seconds or 30.0)
+        self.env: dict[str, str] = dict(service.env)
+        self.store: ModelStore | None = None
+        self.lb: Balancer | None = None
+        self.replacement_at: float | None = None
+        self.downloaded_before = 0  # what the bucket had served when the replacement started
+        self.second: Instance | None = None
+        self.second_answer: Future | None = None
+
+    def run(self) -> tuple[DrainVerdict, Path]:
+        self.workdir.mkdir(parents=True)
+        with contextlib.ExitStack() as stack:
+            self.stack = stack
+            notice = self._prepare()
+            first, answered, cold_bytes = self._start_first(notice)
+            load = self._load(first)
+            time.sleep(self.service.steady_seconds)
+            notice_at = time.monotonic()
+            notice.deliver(first.handle, time.time() + self.notice_seconds)
+            killed, exited_at, readiness = self._drain_or_kill(first, notice_at)
+            records, replacement, later_failures = self._replacement(load, answered, notice_at)
+        channel_note = notice.how_it_was_read(notice_at)  # how the service took a metadata notice, if at all
+        verdict = judge_drain(
+            records,
+            notice_at=notice_at,
+            exited_at=exited_at,
+            killed=killed,
+            notice_seconds=self.notice_seconds,
+            margin=self.service.drain_margin_seconds,
+            channel_note=channel_note,
+            replacement_at=self.replacement_at,
+            unready_at=readiness.unready_at if readiness.unready_at is not None else exited_at,
+            unready_bound=self.service.unready_bound,
+        )
+        verdict.failures.extend(later_failures)
+        verdict.passed = not verdict.failures
+        self._figures(verdict, records, answered, cold_bytes, channel_note, notice_at, exited_at, replacement)
+        lines = "".join(json.dumps(r.to_dict(notice_at)) + "\n" for r in records)
+        (self.workdir / "requests.jsonl").write_text(lines)
+        return verdict, self.workdir
+
+    def _prepare(self) -> MetadataNotice | SigtermNotice:
+        """The notice's channel, the service's scratch folder, the model in the harness's S3, the
+        platform's balancer and the replacement's thread."""
+        service, stack = self.service, self.stack
         notice = channel(service.channel)
         stack.callback(notice.close)
-        env = dict(service.env)
         if service.container is None:  # a container's own /tmp goes with it
             scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
             stack.callback(shutil.rmtree, scratch, ignore_errors=True)
-            env["TMPDIR"] = str(scratch)
-        store = None
+            self.env["TMPDIR"] = str(scratch)
         if service.model is not None:
-            store = stack.enter_context(ModelStore(core.s3, service.model, core.root, workdir / "model-cache"))
-            core.secrets.append(core.s3.credentials.secret_key)
-            env.update(store.environment)
+            store = ModelStore(self.core.s3, service.model, self.core.root, self.workdir / "model-cache")
+            self.store = stack.enter_context(store)
+            self.core.secrets.append(self.core.s3.credentials.secret_key)
+            self.env.update(self.store.environment)
+        if service.balancer:
+            self.lb = stack.enter_context(Balancer(service.ready_path, service.request_timeout_seconds))
+        self.pool = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotchaos-replacement"))
+        return notice
 
-        lb = (
-            stack.enter_context(Balancer(service.ready_path, service.request_timeout_seconds))
-            if service.balancer
-            else None
+    def _instance(self, label: str, itype: InstanceType | None, metadata: dict[str, str]) -> Instance:
+        started = Instance(
+            self.service,
+            port=free_port() if self.lb is not None else self.port,  # behind a balancer each instance has its own
+            env={**self.env, **metadata},
+            workdir=self.workdir,
+            label=label,
+            itype=itype,
+            cwd=self.core.root,
+            python=sys.executable,
+            docker_backend=self.docker,
         )
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotchaos-replacement"))
+        self.stack.enter_context(started)
+        if self.lb is not None:
+            self.lb.register(label, started.base_url)
+        return started
 
-        def instance(label: str, itype: InstanceType | None, metadata: dict[str, str]) -> Instance:
-            started = Instance(
-                service,
-                port=free_port() if lb is not None else port,  # behind a balancer each instance has its own
-                env={**env, **metadata},
-                workdir=workdir,
-                label=label,
-                itype=itype,
-                cwd=core.root,
-                python=sys.executable,
-                docker_backend=docker,
-            )
-            stack.enter_context(started)
-            if lb is not None:
-                lb.register(label, started.base_url)
-            return started
+    def _downloaded(self) -> int:
+        return self.core.s3.proxy.downloaded if self.store is not None else 0
 
-        types = service.instance_types
-        replacement_at: float | None = None
-        downloaded_before = 0  # what the bucket had served when the replacement started
-        second: Instance | None = None
-        second_answer: Future | None = None
+    def _start_first(self, notice: MetadataNotice | SigtermNotice) -> tuple[Instance, Any, int | None]:
+        """The instance to be reclaimed, on the first type of the order, until it answers: (it, its
+        first answer, the model's bytes it read from the bucket)."""
+        types = self.service.instance_types
+        read_before = self._downloaded()  # the session's S3 serves others too
+        first = self._instance("first", types[0] if types else None, notice.environment())
+        answered = first.first_answer(self.service.start_timeout_seconds)
+        cold_bytes = self._downloaded() - read_before if self.store is not None else None  # the model, from the bucket
+        if self.lb is not None:
+            self.lb.wait_ready("first", self.service.start_timeout_seconds)
+        return first, answered, cold_bytes
 
-        def launch_replacement() -> None:
-            """The platform's replacement, on the first type of the order with capacity."""
-            nonlocal replacement_at, second, second_answer, downloaded_before
-            itype = service.replacement_type()
-            assert itype is not None  # the spec refuses an order with nothing available
-            if store is not None and service.model is not None and service.model.updated_file:
-                store.publish_update()
-            fresh = channel(service.channel)  # a new instance's metadata: no notice posted on it
-            stack.callback(fresh.close)
-            replacement_at = time.monotonic()
-            downloaded_before = core.s3.proxy.downloaded if store is not None else 0
-            second = instance("replacement", itype, fresh.environment())
-            second_answer = pool.submit(second.first_answer, service.replacement_timeout_seconds)
-
-        read_before = core.s3.proxy.downloaded if store is not None else 0  # the session's S3 serves others too
-        first = instance("first", types[0] if types else None, notice.environment())
-        answered = first.first_answer(service.start_timeout_seconds)
-        cold_bytes = core.s3.proxy.downloaded - read_before if store is not None else None  # the model, from the bucket
-        if lb is not None:
-            lb.wait_ready("first", service.start_timeout_seconds)
-        target = lb.url if lb is not None else first.base_url
+    def _load(self, first: Instance) -> Load:
+        """``concurrency`` requests kept in flight, through the balancer if there is one."""
+        service = self.service
+        target = self.lb.url if self.lb is not None else first.base_url
         load = Load(target, service.request, service.concurrency, service.request_timeout_seconds)
-        stack.callback(load.stop_quietly)
+        self.stack.callback(load.stop_quietly)
         load.start()
-        time.sleep(service.steady_seconds)
-        notice_at = time.monotonic()
-        deadline = notice_at + float(service.notice_seconds or 30.0)
-        notice.deliver(first.handle, time.time() + float(service.notice_seconds or 30.0))
-        # from the notice on: how long the instance itself still says it is ready (not through the balancer)
+        return load
+
+    def _drain_or_kill(self, first: Instance, notice_at: float) -> tuple[bool, float, ReadinessWatch]:
+        """From the notice to the instance's end: it exits, or the deadline kills it. (killed, when it
+        was gone, and how long it still said it was ready, not through the balancer.)"""
+        service = self.service
+        deadline = notice_at + self.notice_seconds
         readiness = ReadinessWatch(first.base_url + service.ready_path, lambda: first.handle.poll() is not None)
-        stack.callback(readiness.stop)
+        self.stack.callback(readiness.stop)
         readiness.start()
-        if types and lb is not None:  # PAI-EAS: the replacement starts at the notice, beside the draining one
-            launch_replacement()
+        if service.instance_types and self.lb is not None:  # PAI-EAS: the replacement starts at the notice
+            self._launch_replacement()
         killed = first.handle.wait(deadline - time.monotonic()) is None
         if killed:
             first.handle.kill()  # the reclaim: the instance is gone
             first.handle.wait(5)
         exited_at = time.monotonic()
         readiness.stop()
-        if types and lb is None:  # on the same address: once the reclaimed instance is gone
-            launch_replacement()
-        replacement: dict[str, Any] = {}
-        later_failures: list[str] = []
-        if second is not None and second_answer is not None and replacement_at is not None:
-            failure = got = None
-            try:
-                got = second_answer.result()
-            except JobError as exc:
-                failure = str(exc)
-            if got is not None:
-                time.sleep(AFTER_REPLACEMENT_SECONDS)
-            records = load.stop()
-            later_failures = judge_replacement(
-                failure=failure,
-                where=second.where(),
-                model_updated=store is not None and store.updated,
-                answer_before=answered.body if store is not None else None,
-                answer_after=got.body if got is not None and store is not None else None,
-            )
-            replacement = {
-                "instance_type": second.itype.name if second.itype else None,
-                "order_followed": service.order_followed(),
-                "ttfr_seconds": round(got.seconds, 3) if got else None,
-                "first_answer_after_notice": round(replacement_at - notice_at + got.seconds, 3) if got else None,
-                "cache": "stale-check" if store is not None and store.updated else "warm" if store else None,
-                # read from the bucket until it answered: nothing for a warm cache (a HEAD), the model for a stale one
-                "model_bytes_downloaded": core.s3.proxy.downloaded - downloaded_before if store is not None else None,
-                "peak_memory_bytes": second.watch.peak if second.watch else None,
-            }
-        else:
+        if service.instance_types and self.lb is None:  # on the same address: once the reclaimed instance is gone
+            self._launch_replacement()
+        return killed, exited_at, readiness
+
+    def _launch_replacement(self) -> None:
+        """The platform's replacement, on the first type of the order with capacity."""
+        service = self.service
+        itype = service.replacement_type()
+        assert itype is not None  # the spec refuses an order with nothing available
+        if self.store is not None and service.model is not None and service.model.updated_file:
+            self.store.publish_update()
+        fresh = channel(service.channel)  # a new instance's metadata: no notice posted on it
+        self.stack.callback(fresh.close)
+        self.replacement_at = time.monotonic()
+        self.downloaded_before = self._downloaded()
+        self.second = self._instance("replacement", itype, fresh.environment())
+        self.second_answer = self.pool.submit(self.second.first_answer, service.replacement_timeout_seconds)
+
+    def _replacement(
+        self, load: Load, answered: Any, notice_at: float
+    ) -> tuple[list[RequestRecord], dict[str, Any], list[str]]:
+        """The load stopped once the replacement answered (or soon after the instance went): (every
+        request, the replacement's figures, what failed of it)."""
+        second, store = self.second, self.store
+        if second is None or self.second_answer is None or self.replacement_at is None:
             time.sleep(AFTER_EXIT_SECONDS)
-            records = load.stop()
-    channel_note = notice.how_it_was_read(notice_at)  # how the service took a metadata notice, if at all
-    verdict = judge_drain(
-        records,
-        notice_at=notice_at,
-        exited_at=exited_at,
-        killed=killed,
-        notice_seconds=float(service.notice_seconds or 30.0),
-        margin=service.drain_margin_seconds,
-        channel_note=channel_note,
-        replacement_at=replacement_at,
-        unready_at=readiness.unready_at if readiness.unready_at is not None else exited_at,
-        unready_bound=service.unready_bound,
-    )
-    verdict.failures.extend(later_failures)
-    verdict.passed = not verdict.failures
-    verdict.figures.update(
-        ready_seconds=round(answered.ready_seconds, 3),
-        ttfr_seconds=round(answered.seconds, 3),
-        cache="cold" if store is not None else None,
-        model_bytes_downloaded=cold_bytes,
-        channel=service.channel,
-        channel_note=channel_note,
-        service=service.name,
-        backend="docker" if service.container is not None else "subprocess",
-        balancer=service.balancer,
-        served_by=dict(Counter(r.instance for r in records if r.instance)),
-        longest_gap_seconds=longest_gap(records, notice_at),
-        timeline=_timeline(records, notice_at),
-        marks={
-            "notice": 0.0,
-            "deadline": float(service.notice_seconds or 30.0),
-            "gone": round(exited_at - notice_at, 3),
-            **({"replacement_launched": round(replacement_at - notice_at, 3)} if replacement_at else {}),
-            **(
-                {"replacement_answered": replacement["first_answer_after_notice"]}
-                if replacement.get("first_answer_after_notice") is not None
-                else {}
-            ),
-        },
-    )
-    if replacement:
-        verdict.figures["replacement"] = replacement
-        warm = replacement.get("ttfr_seconds")
-        if warm and replacement["cache"] == "warm":
-            verdict.figures["warm_cold_ttfr_ratio"] = round(warm / answered.seconds, 3)
-    (workdir / "requests.jsonl").write_text("".join(json.dumps(r.to_dict(notice_at)) + "\n" for r in records))
-    return verdict, workdir
+            return load.stop(), {}, []
+        failure = got = None
+        try:
+            got = self.second_answer.result()
+        except JobError as exc:
+            failure = str(exc)
+        if got is not None:
+            time.sleep(AFTER_REPLACEMENT_SECONDS)
+        records = load.stop()
+        later_failures = judge_replacement(
+            failure=failure,
+            where=second.where(),
+            model_updated=store is not None and store.updated,
+            answer_before=answered.body if store is not None else None,
+            answer_after=got.body if got is not None and store is not None else None,
+        )
+        replacement = {
+            "instance_type": second.itype.name if second.itype else None,
+            "order_followed": self.service.order_followed(),
+            "ttfr_seconds": round(got.seconds, 3) if got else None,
+            "first_answer_after_notice": round(self.replacement_at - notice_at + got.seconds, 3) if got else None,
+            "cache": "stale-check" if store is not None and store.updated else "warm" if store else None,
+            # read from the bucket until it answered: nothing for a warm cache (a HEAD), the model for a stale one
+            "model_bytes_downloaded": self._downloaded() - self.downloaded_before if store is not None else None,
+            "peak_memory_bytes": second.watch.peak if second.watch else None,
+        }
+        return records, replacement, later_failures
+
+    def _figures(
+        self,
+        verdict: DrainVerdict,
+        records: list[RequestRecord],
+        answered: Any,
+        cold_bytes: int | None,
+        channel_note: str,
+        notice_at: float,
+        exited_at: float,
+        replacement: dict[str, Any],
+    ) -> None:
+        """What the report shows of the run: times, the channel, who served what, the timeline."""
+        service = self.service
+        marks = {"notice": 0.0, "deadline": self.notice_seconds, "gone": round(exited_at - notice_at, 3)}
+        if self.replacement_at:
+            marks["replacement_launched"] = round(self.replacement_at - notice_at, 3)
+        if replacement.get("first_answer_after_notice") is not None:
+            marks["replacement_answered"] = replacement["first_answer_after_notice"]
+        verdict.figures.update(
+            ready_seconds=round(answered.ready_seconds, 3),
+            ttfr_seconds=round(answered.seconds, 3),
+            cache="cold" if self.store is not None else None,
+            model_bytes_downloaded=cold_bytes,
+            channel=service.channel,
+            channel_note=channel_note,
+            service=service.name,
+            backend="docker" if service.container is not None else "subprocess",
+            balancer=service.balancer,
+            served_by=dict(Counter(r.instance for r in records if r.instance)),
+            longest_gap_seconds=longest_gap(records, notice_at),
+            timeline=_timeline(records, notice_at),
+            marks=marks,
+        )
+        if replacement:
+            verdict.figures["replacement"] = replacement
+            warm = replacement.get("ttfr_seconds")
+            if warm and replacement["cache"] == "warm":
+                verdict.figures["warm_cold_ttfr_ratio"] = round(warm / answered.seconds, 3)
 
 
 def check_drain(core: SessionCore, service: ServiceSpec) -> dict[str, Any]:

@@ -119,28 +119,32 @@ def render_markdown(document: dict[str, Any]) -> str:
     if figures:
         lines += ["", "## Figures", "", "| scenario | figure | value |", "| --- | --- | --- |"]
         for s, f in figures:
-            overhead = f.get("overhead")
-            if overhead:
-                value = (
-                    "unknown: " + str(overhead.get("unknown_reason"))
-                    if overhead.get("fraction") is None
-                    else (f"{overhead['fraction']:.2%} (budget {overhead['budget']:.2%})")
-                )
-                lines.append(f"| {_name(s['scenario'])} | checkpoint overhead | {_cell(value)} |")
-            if f.get("advice"):
-                lines.append(f"| {_name(s['scenario'])} | interval advice | {_cell(f['advice'].get('message'))} |")
-            for flush in f.get("notice_flush", []):
-                shown = "none" if flush.get("flush_seconds") is None else f"{flush['flush_seconds']:.3g} s"
-                lines.append(f"| {_name(s['scenario'])} | notice flush | {shown} of {flush.get('window')} s |")
-            for item in f.get("storage", []):
-                lines.append(f"| {_name(s['scenario'])} | storage | {_cell(storage_line(item))} |")
-            for row in f.get("determinism_by_world", []):
-                lines.append(f"| {_name(s['scenario'])} | {row.get('world')} ranks | {_cell(world_line(row))} |")
-            for item in f.get("serving", []):
-                lines.append(f"| {_name(s['scenario'])} | drain | {_cell(drain_line(item))} |")
-                lines += [f"| {_name(s['scenario'])} | service | {_cell(line)} |" for line in service_lines(item)]
-            for row in f.get("reshard", []):
-                shown = f"{'passed' if row.get('passed') else 'FAILED'}, resumed after step {row.get('resumed_from')}"
-                what = f"reshard {row.get('saved_world')} -> {row.get('resumed_world')} ranks"
-                lines.append(f"| {_name(s['scenario'])} | {what} | {_cell(shown)} |")
+            lines += [f"| {_name(s['scenario'])} | {what} | {value} |" for what, value in _figure_rows(f)]
     return "\n".join(lines) + "\n"
+
+
+def _figure_rows(f: dict[str, Any]) -> list[tuple[str, str]]:
+    """(figure, value) rows of one scenario's figures, each value made inert for Markdown."""
+    rows: list[tuple[str, str]] = []
+    overhead = f.get("overhead")
+    if overhead:
+        value = (
+            "unknown: " + str(overhead.get("unknown_reason"))
+            if overhead.get("fraction") is None
+            else (f"{overhead['fraction']:.2%} (budget {overhead['budget']:.2%})")
+        )
+        rows.append(("checkpoint overhead", _cell(value)))
+    if f.get("advice"):
+        rows.append(("interval advice", _cell(f["advice"].get("message"))))
+    for flush in f.get("notice_flush", []):
+        shown = "none" if flush.get("flush_seconds") is None else f"{flush['flush_seconds']:.3g} s"
+        rows.append(("notice flush", f"{shown} of {flush.get('window')} s"))
+    rows += [("storage", _cell(storage_line(item))) for item in f.get("storage", [])]
+    rows += [(f"{row.get('world')} ranks", _cell(world_line(row))) for row in f.get("determinism_by_world", [])]
+    for item in f.get("serving", []):
+        rows.append(("drain", _cell(drain_line(item))))
+        rows += [("service", _cell(line)) for line in service_lines(item)]
+    for row in f.get("reshard", []):
+        shown = f"{'passed' if row.get('passed') else 'FAILED'}, resumed after step {row.get('resumed_from')}"
+        rows.append((f"reshard {row.get('saved_world')} -> {row.get('resumed_world')} ranks", _cell(shown)))
+    return rows

@@ -41,6 +41,30 @@ def _example(records: list[RequestRecord]) -> str:
     return f"{first.outcome}" + (f" ({first.detail})" if first.detail else f" (status {first.status})")
 
 
+@dataclass
+class _Requests:
+    """One run's requests by when they were sent: done before the notice, in flight at it, sent
+    after it to the draining instance, and the replacement's."""
+
+    before: list[RequestRecord]
+    in_flight: list[RequestRecord]
+    after: list[RequestRecord]
+    by_replacement: list[RequestRecord]
+
+    @classmethod
+    def of(cls, records: list[RequestRecord], notice_at: float, replacement_at: float | None) -> _Requests:
+        before = [r for r in records if r.ended <= notice_at]
+        in_flight = [r for r in records if r.started < notice_at < r.ended]
+        if any(r.instance for r in records):  # a balancer said which instance answered each request
+            by_replacement = [r for r in records if r.instance == "replacement"]
+            after = [r for r in records if r.started >= notice_at and r.instance != "replacement"]
+        else:  # one address: from its launch on, the replacement's
+            cutoff = replacement_at if replacement_at is not None else float("inf")
+            after = [r for r in records if notice_at <= r.started < cutoff]
+            by_replacement = [r for r in records if r.started >= cutoff]
+        return cls(before, in_flight, after, by_replacement)
+
+
 def judge_drain(
     records: list[RequestRecord],
     *,
@@ -59,95 +83,32 @@ def judge_drain(
     replacement was launched (requests from then on are the replacement's, judged apart);
     ``unready_at``: when its readiness check first failed after the notice (None: not watched),
     which must be within ``unready_bound`` seconds of it."""
-    failures: list[str] = []
-    before = [r for r in records if r.ended <= notice_at]
-    in_flight = [r for r in records if r.started < notice_at < r.ended]
-    if any(r.instance for r in records):  # a balancer said which instance answered each request
-        served_by_replacement = [r for r in records if r.instance == "replacement"]
-        after = [r for r in records if r.started >= notice_at and r.instance != "replacement"]
-    else:  # one address: from its launch on, the replacement's
-        cutoff = replacement_at if replacement_at is not None else float("inf")
-        after = [r for r in records if notice_at <= r.started < cutoff]
-        served_by_replacement = [r for r in records if r.started >= cutoff]
-    steady_failed = [r for r in before if r.outcome in FAILED or r.outcome in ("refused", "unavailable")]
-    if not any(r.outcome == "ok" for r in before):
-        failures.append("no request succeeded before the notice: the service never served its steady state")
-    elif steady_failed:
-        failures.append(
-            f"{len(steady_failed)} of {len(before)} request(s) failed before any notice, e.g. {_example(steady_failed)}"
-        )
-    lost = [r for r in in_flight if r.outcome in FAILED]
-    if lost:
-        failures.append(
-            f"{len(lost)} of {len(in_flight)} request(s) in flight at the notice were not answered in full, e.g. "
-            f"{_example(lost)}: finish in-flight requests before exiting (a graceful shutdown timeout, not 0)"
-        )
+    requests = _Requests.of(records, notice_at, replacement_at)
     # a kill loses what is in flight at that moment: said with the kill, not as a refusal gone wrong
-    at_kill = [r for r in after if killed and r.outcome in FAILED and r.ended >= exited_at - KILL_SLACK_SECONDS]
-    dropped = [r for r in after if r.outcome in FAILED and r not in at_kill]
-    if dropped:
-        failures.append(
-            f"{len(dropped)} request(s) sent after the notice were dropped instead of refused, e.g. "
-            f"{_example(dropped)}: after the notice answer 503 with Retry-After or refuse the connection, never reset "
-            "one with a request on it"
-        )
-    no_retry = [r for r in after if r.outcome == "unavailable" and not r.retry_after]
-    if no_retry:
-        failures.append(f"{len(no_retry)} request(s) after the notice got 503 without Retry-After: say when to retry")
-    replacement_failed = [r for r in served_by_replacement if r.outcome in FAILED]
-    if replacement_failed:
-        failures.append(
-            f"{len(replacement_failed)} request(s) sent once the replacement was launched failed, e.g. "
-            f"{_example(replacement_failed)}: until it is ready it must refuse, not drop"
-        )
-    drain = exited_at - notice_at
-    accepted = [r for r in after if r.outcome == "ok" and r.ended <= exited_at + KILL_SLACK_SECONDS]
-    if killed:
-        text = f"the drain was not over at the kill: the service still ran {notice_seconds:g} s after the notice"
-        if at_kill:
-            text += f", and the kill lost {len(at_kill)} request(s) in flight"
-        if accepted and max(r.started for r in accepted) > notice_at + notice_seconds / 2:
-            last = max(r.started for r in accepted) - notice_at
-            text += f" and kept accepting new requests until {last:.1f} s after it: stop accepting at the notice"
-        elif not any(r.outcome in ("refused", "unavailable") for r in after):
-            text += " and never refused a request: did the notice reach it?"
-        if channel_note:  # how the service took the metadata notice, if at all
-            text += f" ({channel_note})"
-        failures.append(text)
-    elif drain > notice_seconds - margin:
-        failures.append(
-            f"the drain took {drain:.2f} s of a {notice_seconds:g} s notice: less than the {margin:g} s margin was left"
-        )
+    at_kill = [
+        r for r in requests.after if killed and r.outcome in FAILED and r.ended >= exited_at - KILL_SLACK_SECONDS
+    ]
+    failures = _request_failures(requests, at_kill)
+    accepted = [r for r in requests.after if r.outcome == "ok" and r.ended <= exited_at + KILL_SLACK_SECONDS]
+    ending = _ending_failure(
+        requests, at_kill, accepted, notice_at, exited_at, killed, notice_seconds, margin, channel_note
+    )
+    failures.extend([ending] if ending else [])
     readiness: dict[str, Any] = {}
     if unready_at is not None:
-        kept_ready = max(unready_at - notice_at, 0.0)
-        routed = [r for r in records if notice_at <= r.started < unready_at and r.instance in (None, "first")]
-        readiness = {
-            "ready_after_notice_seconds": round(kept_ready, 3),
-            "unready_bound_seconds": unready_bound,
-            "routed_while_ready": len(routed),
-            "routed_while_ready_outcomes": dict(Counter(r.outcome for r in routed)),
-        }
-        if unready_bound is not None and kept_ready > unready_bound:
-            gone = " (until it was gone)" if unready_at >= exited_at - KILL_SLACK_SECONDS else ""
-            turned = sum(r.outcome in ("refused", "unavailable") or r.outcome in FAILED for r in routed)
-            failures.append(
-                f"the service kept answering its readiness check 200 for {kept_ready:.2f} s after the notice{gone}, "
-                f"past the {unready_bound:g} s the platform allows (unready_within_seconds): the platform routed "
-                f"{len(routed)} request(s) to it meanwhile, {turned} of them refused or failed; fail the readiness "
-                "check at the notice, before draining, so the balancer takes the instance out of the traffic"
-            )
-    steady = [r.ended - r.started for r in before if r.outcome == "ok"]
-    during = [r.ended - r.started for r in in_flight + accepted if r.outcome == "ok"]
+        readiness, unready = _readiness(records, notice_at, exited_at, unready_at, unready_bound)
+        failures.extend(unready)
+    steady = [r.ended - r.started for r in requests.before if r.outcome == "ok"]
+    during = [r.ended - r.started for r in requests.in_flight + accepted if r.outcome == "ok"]
     figures = {
-        "drain_seconds": round(drain, 3),
+        "drain_seconds": round(exited_at - notice_at, 3),
         "killed": killed,
         "notice_seconds": notice_seconds,
         "requests": len(records),
-        "before_notice": dict(Counter(r.outcome for r in before)),
-        "in_flight_at_notice": dict(Counter(r.outcome for r in in_flight)),
-        "after_notice": dict(Counter(r.outcome for r in after)),
-        "replacement_requests": dict(Counter(r.outcome for r in served_by_replacement)),
+        "before_notice": dict(Counter(r.outcome for r in requests.before)),
+        "in_flight_at_notice": dict(Counter(r.outcome for r in requests.in_flight)),
+        "after_notice": dict(Counter(r.outcome for r in requests.after)),
+        "replacement_requests": dict(Counter(r.outcome for r in requests.by_replacement)),
         "failed": len([r for r in records if r.outcome in FAILED]),
         "steady_p50": _percentile(steady, 0.5),
         "steady_p99": _percentile(steady, 0.99),
@@ -156,6 +117,101 @@ def judge_drain(
         **readiness,
     }
     return DrainVerdict(passed=not failures, failures=failures, figures=figures)
+
+
+def _request_failures(requests: _Requests, at_kill: list[RequestRecord]) -> list[str]:
+    """What went wrong with the requests themselves: the steady state, those in flight at the
+    notice, those sent after it, and the replacement's."""
+    failures: list[str] = []
+    before = requests.before
+    steady_failed = [r for r in before if r.outcome in FAILED or r.outcome in ("refused", "unavailable")]
+    if not any(r.outcome == "ok" for r in before):
+        failures.append("no request succeeded before the notice: the service never served its steady state")
+    elif steady_failed:
+        failures.append(
+            f"{len(steady_failed)} of {len(before)} request(s) failed before any notice, e.g. {_example(steady_failed)}"
+        )
+    lost = [r for r in requests.in_flight if r.outcome in FAILED]
+    if lost:
+        failures.append(
+            f"{len(lost)} of {len(requests.in_flight)} request(s) in flight at the notice were not answered in full, "
+            f"e.g. {_example(lost)}: finish in-flight requests before exiting (a graceful shutdown timeout, not 0)"
+        )
+    dropped = [r for r in requests.after if r.outcome in FAILED and r not in at_kill]
+    if dropped:
+        failures.append(
+            f"{len(dropped)} request(s) sent after the notice were dropped instead of refused, e.g. "
+            f"{_example(dropped)}: after the notice answer 503 with Retry-After or refuse the connection, never reset "
+            "one with a request on it"
+        )
+    no_retry = [r for r in requests.after if r.outcome == "unavailable" and not r.retry_after]
+    if no_retry:
+        failures.append(f"{len(no_retry)} request(s) after the notice got 503 without Retry-After: say when to retry")
+    replacement_failed = [r for r in requests.by_replacement if r.outcome in FAILED]
+    if replacement_failed:
+        failures.append(
+            f"{len(replacement_failed)} request(s) sent once the replacement was launched failed, e.g. "
+            f"{_example(replacement_failed)}: until it is ready it must refuse, not drop"
+        )
+    return failures
+
+
+def _ending_failure(
+    requests: _Requests,
+    at_kill: list[RequestRecord],
+    accepted: list[RequestRecord],
+    notice_at: float,
+    exited_at: float,
+    killed: bool,
+    notice_seconds: float,
+    margin: float,
+    channel_note: str,
+) -> str | None:
+    """How the instance ended: killed at the deadline (and what that says of its drain), or gone
+    by itself with less than the margin left; None when it left in time."""
+    drain = exited_at - notice_at
+    if killed:
+        text = f"the drain was not over at the kill: the service still ran {notice_seconds:g} s after the notice"
+        if at_kill:
+            text += f", and the kill lost {len(at_kill)} request(s) in flight"
+        if accepted and max(r.started for r in accepted) > notice_at + notice_seconds / 2:
+            last = max(r.started for r in accepted) - notice_at
+            text += f" and kept accepting new requests until {last:.1f} s after it: stop accepting at the notice"
+        elif not any(r.outcome in ("refused", "unavailable") for r in requests.after):
+            text += " and never refused a request: did the notice reach it?"
+        if channel_note:  # how the service took the metadata notice, if at all
+            text += f" ({channel_note})"
+        return text
+    if drain > notice_seconds - margin:
+        return (
+            f"the drain took {drain:.2f} s of a {notice_seconds:g} s notice: less than the {margin:g} s margin was left"
+        )
+    return None
+
+
+def _readiness(
+    records: list[RequestRecord], notice_at: float, exited_at: float, unready_at: float, unready_bound: float | None
+) -> tuple[dict[str, Any], list[str]]:
+    """How long the instance still said it was ready after the notice, and what the platform routed
+    to it meanwhile: (the figures, the failure when that was past the bound)."""
+    kept_ready = max(unready_at - notice_at, 0.0)
+    routed = [r for r in records if notice_at <= r.started < unready_at and r.instance in (None, "first")]
+    figures = {
+        "ready_after_notice_seconds": round(kept_ready, 3),
+        "unready_bound_seconds": unready_bound,
+        "routed_while_ready": len(routed),
+        "routed_while_ready_outcomes": dict(Counter(r.outcome for r in routed)),
+    }
+    if unready_bound is None or kept_ready <= unready_bound:
+        return figures, []
+    gone = " (until it was gone)" if unready_at >= exited_at - KILL_SLACK_SECONDS else ""
+    turned = sum(r.outcome in ("refused", "unavailable") or r.outcome in FAILED for r in routed)
+    return figures, [
+        f"the service kept answering its readiness check 200 for {kept_ready:.2f} s after the notice{gone}, "
+        f"past the {unready_bound:g} s the platform allows (unready_within_seconds): the platform routed "
+        f"{len(routed)} request(s) to it meanwhile, {turned} of them refused or failed; fail the readiness "
+        "check at the notice, before draining, so the balancer takes the instance out of the traffic"
+    ]
 
 
 def judge_replacement(

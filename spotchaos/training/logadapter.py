@@ -14,13 +14,9 @@ compared; a bit-exact claim needs the probe or the weights digest.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
-import stat
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -28,10 +24,11 @@ from typing import Any
 from ..config.logspec import CHECKPOINT_STEP_MEANINGS, NUMBER, LogSpec, compiled_pattern
 from ..errors import ConfigError, JobError
 from ..extras import require
+from .checkpoint_scan import CheckpointScan
+from .checkpoint_scan import event as new_event
 from .events import MAX_LINE_SHOWN, MAX_STEP, Event, LineReader
-from .state.checkpoint_reader import ConfinedLoad, NeedsFullUnpickle, read_checkpoint
+from .state.checkpoint_reader import ConfinedLoad, read_checkpoint
 
-SCAN_SECONDS = 0.02  # checkpoint files are looked for at most this often (the engine polls every 3 ms)
 ROLLBACK_REASON_CHARS = 200
 
 
@@ -128,11 +125,7 @@ class LogEventReader:
         rollback = spec.rollback_pattern
         self._rollback = compiled_pattern(rollback, f"{spec.where}.rollback_pattern") if rollback else None
         self._lines = LineReader(log_path, f"{spec.stream} log")
-        self._seen_files: dict[Path, tuple[int, int]] = {}
-        self._unreadable: dict[Path, tuple[int, int]] = {}  # not whole yet at this (mtime, size): not read again
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotchaos-confined-read")
-        self._pending: list[tuple[Path, int, int, Future]] = []  # checkpoints being read in the job's confinement
-        self._scanned_at = 0.0
+        self._scan = CheckpointScan(spec, checkpoint_dir, confined)
         self._last_step: int | None = None  # 0-based
         self._printed_first: int | None = None
         self._families: dict[str, str] = {}  # the default pattern's kinds of matched line -> an example
@@ -149,18 +142,15 @@ class LogEventReader:
         new: list[Event] = []
         for raw in self._lines.read_lines():
             new.extend(self._line(raw.decode("utf-8", "replace")))
-        new.extend(self._new_checkpoints())
+        new.extend(self._scan.new(self._last_step, self.convention.key_offset))
         self.events.extend(new)
         return new
 
     def look_now(self) -> list[Event]:
         """Read what is new with a checkpoint scan now, whenever the last one was: before a fault
         is delivered, so each checkpoint already on disk is on the record as having come before it."""
-        self._scanned_at = 0.0
+        self._scan.look_now()
         return self.read_new()
-
-    def _event(self, kind: str, **fields: Any) -> Event:
-        return {"event": kind, "t": time.time(), "rank": 0, **fields}
 
     def _line(self, line: str) -> list[Event]:
         if self._rollback is not None and (rolled := self._rollback.search(line)) is not None:
@@ -193,13 +183,13 @@ class LogEventReader:
         events = []
         if not self._started:
             self._started = True
-            events.append(self._event("start", schema=1, source="log"))
+            events.append(new_event("start", schema=1, source="log"))
         if math.isfinite(loss):
             digits = significant_digits(loss_text)
             self.digits = digits if self.digits is None else min(self.digits, digits)
         step = printed - self.convention.first_step
         self._last_step = step
-        events.append(self._event("step", step=step, loss=loss.hex(), printed=loss_text))
+        events.append(new_event("step", step=step, loss=loss.hex(), printed=loss_text))
         return events
 
     def _check_line(self, line: str, found: Any, printed: int) -> None:
@@ -247,130 +237,14 @@ class LogEventReader:
             path = Path(named)
             path = path if path.is_absolute() else self.checkpoint_dir / path
             uri = Path(os.path.normpath(path)).as_uri()  # as text, never resolved
-        return self._event("rollback", skipped_uri=uri, reason=line.strip()[:ROLLBACK_REASON_CHARS])
-
-    def _complete(self, path: Path) -> bool:
-        """Every companion file the script writes before it trusts the checkpoint is there (a
-        regular file, reached without a link)."""
-        for companion in self.spec.companions(path):
-            try:
-                if not stat.S_ISREG(os.lstat(companion).st_mode):
-                    return False
-            except OSError:
-                return False
-        return True
-
-    def _new_checkpoints(self) -> list[Event]:
-        """A checkpoint file that appeared or changed since the last poll, after a printed step."""
-        if self.spec.checkpoints is None or self._last_step is None:
-            return []
-        now = time.monotonic()
-        if now - self._scanned_at < SCAN_SECONDS:
-            return []  # a directory listing per poll would cost more than the job's own I/O
-        self._scanned_at = now
-        events = self._confined_results()
-        for path in sorted(self.checkpoint_dir.glob(self.spec.checkpoints)):
-            try:
-                info = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISDIR(info.st_mode):
-                raise ConfigError(_folder_glob(self.spec.checkpoints, path.name, self.spec.where))
-            signature = (info.st_mtime_ns, info.st_size)
-            if not stat.S_ISREG(info.st_mode) or signature in (self._seen_files.get(path), self._unreadable.get(path)):
-                continue  # a link is never followed: its target, if it is a checkpoint, counts itself
-            if not self._complete(path):
-                continue  # not durable until the script's own marker of a whole checkpoint is written
-            if self.spec.checkpoint_step_key is None:
-                self._seen_files[path] = signature
-                events.append(self._checkpoint(path, self._last_step, info.st_size))
-                continue
-            try:
-                summary = read_checkpoint(path, self.spec.checkpoint_step_key, None, None, self.checkpoint_dir)
-            except NeedsFullUnpickle:
-                if self.confined is None:
-                    self._unreadable[path] = signature
-                    continue
-                # read in the job's confinement, in the background: a helper process's start-up
-                # (seconds, with torch) must not stall the engine's polls, its faults and timeouts
-                self._seen_files[path] = signature
-                future = self._pool.submit(self.confined, path, self.spec.checkpoint_step_key, None)
-                self._pending.append((path, info, (self._last_step, time.time()), future))
-                continue
-            except Exception:  # torn, still being written, a link in its path: look again once it changes
-                self._unreadable[path] = signature
-                continue
-            if summary.get("step") is None:
-                self._unreadable[path] = signature
-                continue
-            self._seen_files[path] = signature
-            events.append(self._stored_checkpoint(path, summary["step"], info, (self._last_step, time.time())))
-        return events
-
-    def _stored_checkpoint(
-        self, path: Path, stored: int, info: os.stat_result, found: tuple[int | None, float]
-    ) -> Event:
-        event = self._checkpoint(path, stored - (self.convention.key_offset or 0), info.st_size)
-        event["stored"] = stored  # the raw key: the uninterrupted run learns the convention from it
-        # the version of the file whose key was read: a copy kept for the state diff must be this
-        # one, not a later save the script wrote over it before the copy (state_diff.keep)
-        event["mtime_ns"] = info.st_mtime_ns
-        event["seen_after"], event["found_at"] = found  # the last step line read when the file was found, and when
-        return event
-
-    def _checkpoint(self, path: Path, step: int, size: int) -> Event:
-        return self._event(
-            "checkpoint",
-            step=step,
-            seconds=0.0,  # a script without the probe does not say how long it blocked
-            bytes=size,
-            uri=path.absolute().as_uri(),  # never resolved: resolving follows links
-            reason="observed",
-        )
-
-    def _confined_results(self, wait: bool = False) -> list[Event]:
-        """Checkpoint events for the background reads that have finished (all of them, with ``wait``)."""
-        events, still = [], []
-        for path, info, seen_after, future in self._pending:
-            if not (wait or future.done()):
-                still.append((path, info, seen_after, future))
-                continue
-            try:
-                step = future.result().get("step")
-            except Exception:  # torn, or the helper failed: not a checkpoint
-                step = None
-            if step is not None:
-                events.append(self._stored_checkpoint(path, step, info, seen_after))
-        self._pending = still
-        return events
-
-    def final_path(self) -> Path | None:
-        """The final weights' file: ``final_weights`` itself, or the newest complete file its glob
-        matches (a script that names checkpoints by step), links never among them."""
-        name = self.spec.final_weights
-        if name is None:
-            return None
-        if not any(c in name for c in "*?["):
-            return self.checkpoint_dir / name
-        found = []
-        for path in self.checkpoint_dir.glob(name):
-            with contextlib.suppress(OSError):
-                info = os.lstat(path)
-                if stat.S_ISREG(info.st_mode) and self._complete(path):
-                    found.append((info.st_mtime_ns, path.name, path))
-        if not found:
-            raise JobError(
-                f"job {self.job!r}: {self.spec.where}.final_weights: no complete file matches {name!r} "
-                "after a clean exit"
-            )
-        return max(found)[2]
+        return new_event("rollback", skipped_uri=uri, reason=line.strip()[:ROLLBACK_REASON_CHARS])
 
     def finish(self, exit_code: int | None) -> None:
         """After a clean exit: the final event, with the weights' digests when they are configured."""
         if exit_code != 0:
             return
         digests: dict[str, str] = {}
-        path = self.final_path()
+        path = self._scan.final_path(self.job)
         if path is not None:
             digests, self.final_stored = final_state(path, self.spec, self.job, self.confined, self.checkpoint_dir)
         # A restart with nothing left to train prints no step: its final step is the last one the
@@ -379,61 +253,85 @@ class LogEventReader:
         if step is None:
             offset = self.convention.key_offset
             step = self.final_stored - offset if self.final_stored is not None and offset is not None else -1
-        self.events.append(self._event("final", step=step, digests=digests))
+        self.events.append(new_event("final", step=step, digests=digests))
+
+    def final_path(self) -> Path | None:
+        """The final weights' file (see :meth:`CheckpointScan.final_path`)."""
+        return self._scan.final_path(self.job)
 
     def learn(self) -> StepConvention:
-        """After the uninterrupted run: what the step key holds, from its newest checkpoint (the
-        final weights' file, else the newest one seen) against the last step printed. A script
-        whose final checkpoint holds its last step tells it exactly; the checkpoints seen during
-        the run, re-credited, are then checked against it."""
-        spec = self.spec
-        first = self.convention.first_step
-        said = f"its first step line is step {self._printed_first}"
-        sources = [said + (f" ({spec.where}.first_step)" if spec.first_step is not None else "")]
-        offset = self.convention.key_offset
-        last = -1 if self._last_step is None else self._last_step
-        if spec.checkpoint_step_key is None:
-            offset = None
-        elif spec.checkpoint_step is not None:
-            sources.append(f"{spec.where}.checkpoint_step = {spec.checkpoint_step!r}")
-        else:
-            stored = [e["stored"] for e in self.events if e["event"] == "checkpoint" and "stored" in e]
-            newest = self.final_stored if self.final_stored is not None else max(stored, default=None)
-            candidates = {f(first) for f in CHECKPOINT_STEP_MEANINGS.values()}
-            if newest is None or newest - last not in candidates:
-                raise ConfigError(
-                    f"job {self.job!r}: {spec.where}.checkpoint_step_key {spec.checkpoint_step_key!r}: cannot tell "
-                    f"what it holds: the uninterrupted run's last step line is step {last + first} and its newest "
-                    f"checkpoint holds {newest} (a script that saves after its last step tells; else set "
-                    f"{spec.where}.checkpoint_step to 'completed', 'last' or 'next')"
-                )
-            offset = newest - last
-            _check_not_ahead(self.events, offset, first, self.job, spec, self.line_latency)
-            sources.append(
-                f"its newest checkpoint holds {spec.checkpoint_step_key}={newest} after step line {last + first}"
-            )
-        convention = StepConvention(first, offset, "learned from the uninterrupted run: " + "; ".join(sources))
-        self.convention = convention
-        for event in self.events:  # re-credit what was seen while the convention was not known yet
-            if event["event"] != "checkpoint" or "stored" not in event or offset is None:
-                continue
-            event["step"] = event["stored"] - offset
-            if not -1 <= event["step"] <= last:
-                raise ConfigError(
-                    f"job {self.job!r}: {spec.where}.checkpoint_step_key: a checkpoint of the uninterrupted run "
-                    f"holds {spec.checkpoint_step_key}={event['stored']}, which is no step the run printed when "
-                    f"{convention.text(spec)}"
-                )
-        return convention
+        """After the uninterrupted run: the script's step convention (see :func:`learn_convention`),
+        and the checkpoints seen during the run re-credited by it."""
+        self.convention = learn_convention(
+            self.events,
+            self.spec,
+            self.job,
+            first=self.convention.first_step,
+            last=-1 if self._last_step is None else self._last_step,
+            printed_first=self._printed_first,
+            final_stored=self.final_stored,
+            offset=self.convention.key_offset,
+            line_latency=self.line_latency,
+        )
+        return self.convention
 
     def close(self) -> None:
         """The attempt is over: one last look for a checkpoint written just before the exit, and
         the results of every background read."""
-        self._scanned_at = 0.0
-        self.events.extend(self._new_checkpoints())
-        self.events.extend(self._confined_results(wait=True))
-        self._pool.shutdown(wait=True)
+        self.events.extend(self._scan.close(self._last_step, self.convention.key_offset))
         self._lines.close()
+
+
+def learn_convention(
+    events: list[Event],
+    spec: LogSpec,
+    job: str,
+    *,
+    first: int,
+    last: int,
+    printed_first: int | None,
+    final_stored: int | None,
+    offset: int | None,
+    line_latency: float = 0.0,
+) -> StepConvention:
+    """After the uninterrupted run: what the step key holds, from its newest checkpoint (the
+    final weights' file, else the newest one seen) against the last step printed (``last``,
+    0-based). A script whose final checkpoint holds its last step tells it exactly; the
+    checkpoints seen during the run (``events``), re-credited, are then checked against it."""
+    said = f"its first step line is step {printed_first}"
+    sources = [said + (f" ({spec.where}.first_step)" if spec.first_step is not None else "")]
+    if spec.checkpoint_step_key is None:
+        offset = None
+    elif spec.checkpoint_step is not None:
+        sources.append(f"{spec.where}.checkpoint_step = {spec.checkpoint_step!r}")
+    else:
+        stored = [e["stored"] for e in events if e["event"] == "checkpoint" and "stored" in e]
+        newest = final_stored if final_stored is not None else max(stored, default=None)
+        candidates = {f(first) for f in CHECKPOINT_STEP_MEANINGS.values()}
+        if newest is None or newest - last not in candidates:
+            raise ConfigError(
+                f"job {job!r}: {spec.where}.checkpoint_step_key {spec.checkpoint_step_key!r}: cannot tell "
+                f"what it holds: the uninterrupted run's last step line is step {last + first} and its newest "
+                f"checkpoint holds {newest} (a script that saves after its last step tells; else set "
+                f"{spec.where}.checkpoint_step to 'completed', 'last' or 'next')"
+            )
+        offset = newest - last
+        _check_not_ahead(events, offset, first, job, spec, line_latency)
+        sources.append(
+            f"its newest checkpoint holds {spec.checkpoint_step_key}={newest} after step line {last + first}"
+        )
+    convention = StepConvention(first, offset, "learned from the uninterrupted run: " + "; ".join(sources))
+    for event in events:  # re-credit what was seen while the convention was not known yet
+        if event["event"] != "checkpoint" or "stored" not in event or offset is None:
+            continue
+        event["step"] = event["stored"] - offset
+        if not -1 <= event["step"] <= last:
+            raise ConfigError(
+                f"job {job!r}: {spec.where}.checkpoint_step_key: a checkpoint of the uninterrupted run "
+                f"holds {spec.checkpoint_step_key}={event['stored']}, which is no step the run printed when "
+                f"{convention.text(spec)}"
+            )
+    return convention
 
 
 def _check_not_ahead(
@@ -485,13 +383,3 @@ def final_state(
             f"job {job!r}: {path.name} holds a {summary.get('holds') or 'value'}, not a state dict: set final_key"
         )
     return summary["digests"], summary.get("step")
-
-
-def _folder_glob(pattern: str, folder: str, where: str) -> str:
-    """The one message for a checkpoint glob that matches folders: tracking nothing would pass
-    every scenario without testing one."""
-    return (
-        f"{where}.checkpoints = {pattern!r} matches the folder {folder}/: the log adapter reads checkpoint files. "
-        f"Name a file inside each, e.g. '{pattern}/model.safetensors' (with checkpoint_complete for the file the "
-        "job writes last), or gate a Trainer, Lightning or accelerate job with its integration (docs/frameworks.md)"
-    )

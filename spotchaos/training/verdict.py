@@ -469,45 +469,11 @@ def judge(
     elif divergence is not None:
         failures.append(divergence.describe())
     if missing and not failed_restarts:
-        text = f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}"
-        # a step missing exactly where a restart picked up (the resume point a trainer reports
-        # comes from the same counter, so the step at it or just after it)
-        at_resume = sorted(
-            (step, index)
-            for index, start in resumed.items()
-            if start is not None
-            for step in (start, start + 1)
-            if step in missing
-        )
-        if at_resume:
-            step, index = at_resume[0]
-            text += (
-                f"; hint: step {step} is missing exactly where attempt {index} resumed: "
-                "is the step counter restored off by one?"
-            )
-        failures.append(text)
+        failures.append(_missing_steps(missing, resumed))
     if unexpected:
-        text = f"steps the reference never ran: {_ranges(unexpected)}"
-        if any(f.fault == "rerun" for f in chaos.faults):
-            text += (
-                "; hint: started again after it had finished (its final checkpoint written), the job trained on: "
-                "a restart after the last step must find nothing left to train"
-            )
-        failures.append(text)
-
-    differing: list[str] = []
-    ref_final, got_final = reference.final, chaos.final
-    if got_final is None:
-        if not failed_restarts:
-            failures.append("the preempted run never reported a 'final' event")
-    elif ref_final is not None:
-        ref_d, got_d = ref_final["digests"], got_final["digests"]
-        differing = sorted(k for k in set(ref_d) | set(got_d) if ref_d.get(k) != got_d.get(k))
-        if envelope is not None:  # tensors that differ between uninterrupted runs: see the envelope's note
-            differing = envelope.final_differences(differing, chaos)
-        if differing:
-            shown = ", ".join(differing[:8]) + (f" and {len(differing) - 8} more" if len(differing) > 8 else "")
-            failures.append(f"final weights differ in {len(differing)} of {len(ref_d)} tensor(s): {shown}")
+        failures.append(_unexpected_steps(unexpected, chaos))
+    differing, final_failure = _final_weights(reference, chaos, envelope, failed_restarts)
+    failures.extend([final_failure] if final_failure else [])
 
     grace = _grace_results(chaos)
     attempts = {a.index: a for a in chaos.attempts}
@@ -531,6 +497,57 @@ def judge(
         reference_steps=len(ref_steps),
         damage=damage,
     )
+
+
+def _missing_steps(missing: list[int], resumed: dict[int, int | None]) -> str:
+    """Steps the reference ran and no attempt did; a hint where one is missing exactly where a
+    restart picked up (the resume point a trainer reports comes from the same counter, so the step
+    at it or just after it)."""
+    text = f"{len(missing)} step(s) never ran after the preemptions: {_ranges(missing)}"
+    at_resume = sorted(
+        (step, index)
+        for index, start in resumed.items()
+        if start is not None
+        for step in (start, start + 1)
+        if step in missing
+    )
+    if at_resume:
+        step, index = at_resume[0]
+        text += (
+            f"; hint: step {step} is missing exactly where attempt {index} resumed: "
+            "is the step counter restored off by one?"
+        )
+    return text
+
+
+def _unexpected_steps(unexpected: list[int], chaos: RunRecord) -> str:
+    text = f"steps the reference never ran: {_ranges(unexpected)}"
+    if any(f.fault == "rerun" for f in chaos.faults):
+        text += (
+            "; hint: started again after it had finished (its final checkpoint written), the job trained on: "
+            "a restart after the last step must find nothing left to train"
+        )
+    return text
+
+
+def _final_weights(
+    reference: RunRecord, chaos: RunRecord, envelope: Envelope | None, failed_restarts: list[str]
+) -> tuple[list[str], str | None]:
+    """(the tensors whose final digests differ, the failure that says so, or that there was no
+    final event at all; none after a failed restart, which says it already)."""
+    ref_final, got_final = reference.final, chaos.final
+    if got_final is None:
+        return [], None if failed_restarts else "the preempted run never reported a 'final' event"
+    if ref_final is None:
+        return [], None
+    ref_d, got_d = ref_final["digests"], got_final["digests"]
+    differing = sorted(k for k in set(ref_d) | set(got_d) if ref_d.get(k) != got_d.get(k))
+    if envelope is not None:  # tensors that differ between uninterrupted runs: see the envelope's note
+        differing = envelope.final_differences(differing, chaos)
+    if not differing:
+        return [], None
+    shown = ", ".join(differing[:8]) + (f" and {len(differing) - 8} more" if len(differing) > 8 else "")
+    return differing, f"final weights differ in {len(differing)} of {len(ref_d)} tensor(s): {shown}"
 
 
 def _not_deterministic(divergence: Divergence, chaos: RunRecord, envelope: Envelope | None) -> str:

@@ -1,0 +1,109 @@
+"""The verdict of one run, composed in one place: the trajectory and the final weights against
+the reference (``verdict.judge``), then what the kept checkpoints hold (the state diff), what only
+the other ranks show, a launcher's own reading of a failure (Ray Train), and the secrets.
+
+The session core runs a plan, hands the run here, and discards it if it passed; each part below
+is one step of the composition, in the order the report reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..backends import SubprocessBackend
+from ..config.jobs import JobSpec
+from .determinism import Envelope
+from .frameworks import framework_of, state_diff_ignore
+from .multirank.rank_verdict import add_rank_verdicts
+from .multirank.torchrun import published_before_ranks, published_without_metadata
+from .state.checkpoint_reader import ConfinedLoader, tensor_distances
+from .state.diff import KEEP_BYTES, StateDifference, kept_dir, too_big
+from .state.diff import compare as compare_kept
+from .trajectory import RunRecord
+from .verdict import Verdict, judge
+
+
+def judge_run(
+    job: JobSpec,
+    reference: RunRecord,
+    run: RunRecord,
+    *,
+    envelope: Envelope | None,
+    backend: Callable[[], Any],
+    root: Path,
+    leaked: Callable[[], str | None],
+) -> Verdict:
+    """``run`` of ``job`` judged against its ``reference``. ``backend``: the job's backend, asked
+    for only when a checkpoint must be read in the job's confinement; ``leaked``: a failure naming
+    where a secret of the job appeared, if one did, asked last (the state diff's helper writes into
+    the run's folder too)."""
+    if envelope is not None and run.final is not None:  # how far its weights are from the reference's
+        run.final["tensor_spread"] = weights_distance(job, reference, run)
+    verdict = judge(reference, run, envelope)
+    found = state_difference(job, reference, run, backend, root)
+    skipped = too_big(kept_dir(run.workdir))
+    if skipped:
+        verdict.precision += f"; state diff: {len(skipped)} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
+    if found is not None:  # names the cause of a divergence, or is a latent failure of its own
+        verdict.failures.append(found.describe(latent=verdict.passed))
+        verdict.passed = False
+        verdict.state_difference = asdict(found)
+    if job.multi_rank:  # what only the other ranks show: their own trajectories, samples
+        torn = []
+        if job.launcher == "torchrun":  # torch.distributed.checkpoint's publication, by its files
+            torn = [
+                *published_without_metadata(run.attempts, run.workdir),
+                *published_before_ranks(run.attempts, run.workdir),
+            ]
+        add_rank_verdicts(verdict, reference, run, torn)
+    if job.launcher == "ray-train":
+        from .multirank.ray_train import explain
+
+        explained = explain(verdict.failures, run)
+        verdict.passed = verdict.passed and len(explained) == len(verdict.failures)
+        verdict.failures = explained
+    leak = leaked()
+    if leak:  # a job that prints its own secret fails every scenario, not only the storage ones
+        verdict.failures.append(leak)
+        verdict.passed = False
+    return verdict
+
+
+def weights_distance(job: JobSpec, reference: RunRecord, run: RunRecord) -> dict[str, list[float]]:
+    """Per final tensor, how far ``run``'s weights are from the reference's (envelope mode)."""
+    a, b = reference.attempts[-1].final_tensors, run.attempts[-1].final_tensors
+    if a is None or b is None:
+        return {}
+    return tensor_distances(Path(a), Path(b), job.log.final_key if job.log is not None else None)
+
+
+def state_difference(
+    job: JobSpec, reference: RunRecord, run: RunRecord, backend: Callable[[], Any], root: Path
+) -> StateDifference | None:
+    """The first checkpoint written after a resume whose state differs from the reference's."""
+    if not job.state_diff or len(run.attempts) < 2 or job.launcher != "python":
+        return None
+    chosen = backend() or SubprocessBackend()
+    confined = ConfinedLoader(
+        chosen,
+        in_container=job.container is not None,
+        env={**chosen.inherited_environment(), **job.environment()},
+        cwd=root / job.cwd if job.cwd else root,
+        folder=Path(run.workdir),
+        writable=(Path(run.workdir),),
+        readable=(kept_dir(reference.workdir), kept_dir(run.workdir)),
+    )
+    return compare_kept(
+        kept_dir(reference.workdir),
+        kept_dir(run.workdir),
+        confined=confined,
+        ignore=state_diff_ignore(
+            framework_of(job.framework, reference.attempts[0].of_kind("start") if reference.attempts else []),
+            job.state_diff_ignore,
+        ),
+        exact_floats=job.exactness == "bit",
+        runs=(str(reference.workdir), str(run.workdir)),
+    )
