@@ -191,6 +191,7 @@ def test_a_kill_on_the_users_cluster(spotchaos, spotchaos_job):
 """
 
 
+@pytest.mark.full  # CI: the same backend on the local cluster
 def test_on_a_users_cluster_by_address_attempts_run_on_its_nodes_and_none_is_changed(tmp_path):
     """--spotchaos-ray-address: a session of its own (one Ray driver per process) on a cluster the
     test holds open in another process, as a user's would be: the plans pass on its worker node, a

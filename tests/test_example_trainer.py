@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from .helpers import ROOT, run_pytest
 
 
+@pytest.mark.full  # CI: the same built-in scenarios on reference, the pattern the example is cut from
 def test_the_example_trainer_passes_the_built_in_preemption_and_damage_scenarios(tmp_path):
     example = ROOT / "examples" / "train_with_probe.py"
     (tmp_path / "pyproject.toml").write_text(

@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from .helpers import FIXTURES, ROOT, fresh_venv
 
 JOB_TABLE = """\
@@ -31,6 +33,7 @@ BUILTIN = {  # every scenario that ships in spotchaos/scenarios, on the one decl
 }
 
 
+@pytest.mark.full  # the main job's second command runs hf-trainer in a fresh venv; CI: test_core_install's fresh venv
 def test_a_trainer_job_in_a_fresh_venv_collects_every_built_in_scenario_and_passes_a_notice(tmp_path):
     """Collected: all eight; run and passed: the notice, then a bit-exact resume."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY", "CI")}

@@ -152,6 +152,7 @@ def test_a_lease_is_not_inherited_by_the_job_it_was_taken_for(tmp_path):
         job.wait()
 
 
+@pytest.mark.full  # CI: concurrent and waiting leases across processes
 def test_with_two_declared_gpus_and_two_workers_no_two_running_attempts_share_a_device(tmp_path):
     """The whole gate under ``pytest -n 2`` on a job with ``gpus = 1`` and two declared GPUs: every
     attempt (the references and every plan's) saw exactly one device as CUDA_VISIBLE_DEVICES, none

@@ -48,6 +48,7 @@ def train_runner(tmp_path_factory):
         yield runner
 
 
+@pytest.mark.full  # CI: the drain notice, whose nodes go at the deadline; Ray Train restores the group alike
 def test_a_lost_worker_node_is_restored_by_ray_train_bit_exact(train_runner):
     """The node running rank 1 removed after step 6: Ray Train restarts its worker group from the
     latest registered checkpoint (after step 3) on the replacement node, inside the same attempt."""

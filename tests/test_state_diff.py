@@ -24,7 +24,9 @@ def trainer(script: str) -> JobSpec:
     ("script", "named"),
     [
         ("broken_no_rng_restore", ["trainer.pt:rng.numpy", "trainer.pt:rng.python.1: differs", "trainer.pt:rng.torch"]),
-        ("broken_no_scheduler_restore", ["trainer.pt:scheduler.last_epoch: 12 vs 4"]),
+        pytest.param(  # CI: test_a_scheduler_not_restored_is_a_latent_failure_though_every_loss_matched
+            "broken_no_scheduler_restore", ["trainer.pt:scheduler.last_epoch: 12 vs 4"], marks=pytest.mark.full
+        ),
         ("broken_no_optimizer_restore", ["optimizer.pt:state.0.step: 12.0 vs 4.0"]),
         ("broken_step_off_by_one", ["trainer.pt:position: 4 vs 3"]),
     ],
