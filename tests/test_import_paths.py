@@ -61,9 +61,3 @@ def test_the_documented_paths_still_import():
 def test_an_unknown_old_name_is_still_an_import_error():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("spotchaos.no_such_module")
-
-
-@pytest.mark.unit
-def test_at_most_fifteen_modules_stand_at_the_top():
-    top = sorted(p.name for p in (ROOT / "spotchaos").glob("*.py"))
-    assert len(top) <= 15, top

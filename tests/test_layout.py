@@ -1,0 +1,111 @@
+"""The house as docs/architecture.md draws it, held against the code on every run (read, not run).
+
+The layering rules are the design's (``../shared/DESIGN.md``): no module below the pytest glue
+imports pytest, the probe imports nothing else of spotchaos, no two wings import each other in a
+circle; and the size figures of issue 36: at most 15 modules at the top, no function over 80
+lines, no class over 300. A change that breaks one fails here with the file and the name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from .helpers import ROOT
+
+PACKAGE = ROOT / "spotchaos"
+FILES = sorted(p for p in PACKAGE.rglob("*.py"))
+GLUE = {"spotchaos.plugin", "spotchaos.scenarios"}  # and the pytest_glue package
+SCRIPTS = ("confined", "crashpoint")  # run inside the job, by path: not part of the import graph
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every spotchaos module ``path`` imports, relative imports resolved (lazy ones included)."""
+    module = _module(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base) if node.level else node.module or ""
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                found.add(full if (ROOT / full.replace(".", "/")).with_suffix(".py").exists() else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name == "spotchaos" or name.startswith("spotchaos.") or name == "pytest"}
+
+
+def _wing(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+@pytest.mark.unit
+def test_at_most_fifteen_modules_stand_at_the_top():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 15, top
+
+
+@pytest.mark.unit
+def test_no_function_over_80_lines_and_no_class_over_300():
+    long = []
+    for path in FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            size = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            limit = {ast.FunctionDef: 80, ast.AsyncFunctionDef: 80, ast.ClassDef: 300}.get(type(node))
+            if limit is not None and size > limit:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {size} lines (at most {limit})")
+    assert not long, long
+
+
+@pytest.mark.unit
+def test_only_the_pytest_glue_imports_pytest_and_the_probe_imports_nothing_of_spotchaos():
+    offenders = []
+    for path in FILES:
+        module = _module(path)
+        imported = _imports(path)
+        in_glue = module.startswith(("spotchaos.pytest_glue", *GLUE))
+        if "pytest" in imported and not in_glue:
+            offenders.append(f"{module} imports pytest")
+        if module == "spotchaos.probe" and imported - {"pytest"}:
+            offenders.append(f"the probe imports {sorted(imported)}")
+    assert not offenders, offenders
+
+
+@pytest.mark.unit
+def test_no_two_wings_import_each_other_in_a_circle():
+    arrows: dict[str, set[str]] = {}
+    why: dict[tuple[str, str], str] = {}
+    for path in FILES:
+        module = _module(path)
+        if any(part in SCRIPTS for part in module.split(".")):
+            continue
+        for target in _imports(path) - {"pytest", "spotchaos"}:
+            a, b = _wing(module), _wing(target)
+            if a != b:
+                arrows.setdefault(a, set()).add(b)
+                why.setdefault((a, b), f"{module} -> {target}")
+
+    def path_back(start: str, goal: str, seen: frozenset = frozenset()) -> list[str] | None:
+        if start == goal:
+            return [goal]
+        for step in sorted(arrows.get(start, ())):
+            if step not in seen and (rest := path_back(step, goal, seen | {start})) is not None:
+                return [start, *rest]
+        return None
+
+    circles = []
+    for a, targets in sorted(arrows.items()):
+        for b in sorted(targets):
+            back = path_back(b, a)
+            if back is not None:
+                circles.append(f"{why[(a, b)]}, and back: {' -> '.join(back)}")
+    assert not circles, circles
