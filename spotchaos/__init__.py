@@ -9,12 +9,27 @@ pays for the runner, hypothesis or the backends.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
-from . import _moved
-
 __version__ = "0.1.0"
-_moved.install()  # the 0.1 import paths (spotchaos.engine, spotchaos.plan, ...) for one more release
+
+
+class _MovedPaths:
+    """The 0.1 import paths (``spotchaos.engine``, ``spotchaos.plan``...) for one more release. At the
+    end of ``sys.meta_path``, so asked only for a name no other finder found; ``spotchaos/_moved.py``
+    (the table, the warning) is imported only then, never by a trainer importing the probe."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if not fullname.startswith("spotchaos.") or fullname == "spotchaos._moved":
+            return None
+        from . import _moved
+
+        return _moved.find_spec(fullname)
+
+
+if not any(type(finder).__name__ == "_MovedPaths" for finder in sys.meta_path):
+    sys.meta_path.append(_MovedPaths())
 
 _LAZY = {
     "Session": "spotchaos.runner",

@@ -2,16 +2,15 @@
 
 Users' conftest files, benchmarks and notes import ``spotchaos.engine`` or ``spotchaos.plan``; the
 modules now live in ``training/``, ``faults/``, ``host/``... Rather than a shim file per old module
-(which would put the flat layout back), one finder at the *end* of ``sys.meta_path`` answers only
-for names no other finder found: ``spotchaos.engine`` is the very module object
-``spotchaos.training.engine.run`` (so a monkeypatch through either name patches both), with one
-``DeprecationWarning`` naming the new path. Ordinary imports never reach it.
+(which would put the flat layout back), the finder ``spotchaos/__init__.py`` puts at the *end* of
+``sys.meta_path`` asks this table only for names no other finder found: ``spotchaos.engine`` is the
+very module object ``spotchaos.training.engine.run`` (so a monkeypatch through either name patches
+both), with one ``DeprecationWarning`` naming the new path. Ordinary imports never reach it.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 import warnings
 from types import ModuleType
 
@@ -94,25 +93,16 @@ class _Alias:
         module.__spec__ = self.own_spec
 
 
-class MovedFinder:
-    """A meta path finder (duck-typed: importlib.abc would cost every trainer an import)."""
+def find_spec(fullname: str):
+    """The spec of an old path: the new module under the old name; None for a name never moved."""
+    moved = new_path(fullname)
+    if moved is None:
+        return None
+    warnings.warn(
+        f"{fullname} moved to {moved}; the old path goes in spotchaos {REMOVED_IN}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    import importlib.util
 
-    def find_spec(self, fullname: str, path=None, target=None):
-        if not fullname.startswith("spotchaos."):
-            return None
-        moved = new_path(fullname)
-        if moved is None:
-            return None
-        warnings.warn(
-            f"{fullname} moved to {moved}; the old path goes in spotchaos {REMOVED_IN}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        import importlib.util
-
-        return importlib.util.spec_from_loader(fullname, _Alias(moved))
-
-
-def install() -> None:
-    if not any(isinstance(finder, MovedFinder) for finder in sys.meta_path):
-        sys.meta_path.append(MovedFinder())
+    return importlib.util.spec_from_loader(fullname, _Alias(moved))

@@ -13,11 +13,12 @@ import crc32c
 import pytest
 
 from spotchaos.faults.plan import Plan
+from spotchaos.training.engine.options import CRASHPOINT_DIR
 from spotchaos.training.events import EventReader
 
-from .helpers import REFERENCE_TRAINER, ROOT, trainer_job
+from .helpers import REFERENCE_TRAINER, trainer_job
 
-CRASHPOINT = ROOT / "spotchaos" / "crashpoint"
+CRASHPOINT = CRASHPOINT_DIR  # the crash-point hook, where the engine takes it from
 
 WORKERS0 = trainer_job(name="ref0")
 WORKERS2 = trainer_job("reference_trainer", "--num-workers", "2", name="ref2")
