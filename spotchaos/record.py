@@ -37,6 +37,9 @@ class ScenarioRecord:
     reference: dict[str, Any] | None = None
     figures: dict[str, Any] = field(default_factory=dict)  # overhead, advice, cost, notice flush
     trajectory: dict[str, Any] | None = None  # the run shown in the plots: the failing one, else the last
+    # what the scenario cost: every run made while it ran (its job's reference included, when this
+    # scenario was the first to need it), in runs, starts, steps trained and seconds (note_cost)
+    cost: dict[str, Any] = field(default_factory=dict)
 
     def __enter__(self) -> ScenarioRecord:
         """What the families note in this context goes to this record (entries nest)."""
@@ -102,6 +105,35 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
         record.verdict = verdict.to_dict()
     elif record.passed:
         record.verdict = verdict.to_dict()
+
+
+def note_cost(run: RunRecord, reference_steps: int | None) -> None:
+    """One more run made for the scenario running now: its attempts (each a start of the job),
+    the steps they trained (replays included), and its seconds: start-up (launch to the job's
+    first event), training (the rest of the attempts), harness (the run's own work around them).
+    ``reference_steps``: the uninterrupted run's steps, the unit of "runs' worth"."""
+    record = current()
+    if record is None:
+        return
+    cost = record.cost or {
+        "runs": 0,
+        "starts": 0,
+        "steps": 0,
+        "reference_steps": None,
+        "startup_seconds": 0.0,
+        "training_seconds": 0.0,
+        "harness_seconds": 0.0,
+    }
+    startup = sum(a.start_seconds or 0.0 for a in run.attempts)
+    attempts = sum(a.wall_seconds for a in run.attempts)
+    cost["runs"] += 1
+    cost["starts"] += len({a.launch if a.launch is not None else a.index for a in run.attempts})
+    cost["steps"] += len(run.steps)
+    cost["reference_steps"] = reference_steps if reference_steps else cost["reference_steps"]
+    cost["startup_seconds"] = round(cost["startup_seconds"] + startup, 3)
+    cost["training_seconds"] = round(cost["training_seconds"] + max(0.0, attempts - startup), 3)
+    cost["harness_seconds"] = round(cost["harness_seconds"] + max(0.0, run.wall_seconds - attempts), 3)
+    record.cost = cost
 
 
 def note_plans(count: int, *, add: bool = False) -> None:

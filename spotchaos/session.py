@@ -26,6 +26,7 @@ from .config.jobs import JobSpec, load_settings
 from .errors import NotDeterministic, SpotchaosError
 from .faults.plan import Plan
 from .host.gpu_leases import GpuPool
+from .record import note_cost
 from .safety.redact import leaking_files, secret_variables
 from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
@@ -298,7 +299,10 @@ class SessionCore:
                 for fault in storage_faults:
                     self.s3.add(fault)
                     added.callback(self.s3.remove, fault)
-                return run_job(job, plan, workdir, options)
+                record = run_job(job, plan, workdir, options)
+        reference = self._references.get(job.key())
+        note_cost(record, len(reference.steps) if reference is not None else len(record.steps) if learn else None)
+        return record
 
     def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
         """Run ``plan``, judge it against the reference; a passing run's directory goes."""

@@ -87,6 +87,15 @@ def test_main_job_passes_on_the_reference_and_writes_the_report(pytester):
     assert scenario["verdict"]["first_divergence"] is None
     assert "--spotchaos-seed=42" in scenario["replay"]
     assert not (pytester.path / "out" / "runs").exists()  # passing runs leave nothing behind
+    # the gate's cost: the reference and the two plans, each plan two starts (a fault, a resume),
+    # each at least a whole run of training (a resume replays from its checkpoint)
+    cost = doc["cost"]["ref"]
+    assert cost["runs"] == 3 and cost["starts"] == 5 and cost["reference_steps"] == 12, cost
+    assert cost["steps"] >= 36 and cost["runs_worth"] == round(cost["steps"] / 12, 2), cost
+    assert cost["startup_seconds"] > 0 and cost["training_seconds"] > 0, cost
+    assert scenario["cost"]["runs"] == 3  # charged to the one scenario that made them
+    result.stdout.fnmatch_lines([f"gate cost of 'ref': {cost['runs_worth']:g} runs' worth: * steps of a 12-step job*"])
+    assert "| ref | " + f"{cost['runs_worth']:g} runs' worth | 3 | 5 |" in markdown
 
 
 def test_broken_trainer_fails_shrinks_and_prints_a_replay_command(pytester):

@@ -28,6 +28,7 @@ from ..host.leftovers import LiveJobs
 from ..host.processes import children
 from ..record import ScenarioRecord, as_reported, note_error
 from ..report import build_report, now_iso, write_json, write_text
+from ..report.gate_cost import cost_line, per_job
 from ..report.history import HISTORY_DIR, save_run
 from ..report.markdown import render_markdown
 from ..report.summary import figure_lines, is_service, lost_steps, verdict_word
@@ -534,6 +535,8 @@ class _Collector:
                 tr.write_line(f"          {line}")
             for escaped in sorted({p for r in s["runs"] for p in r.get("escaped_processes") or []}):
                 tr.write_line(visible(f"          warning: left the job's process group and was ended: {escaped}"))
+        for job, cost in per_job(self.state.scenarios).items():
+            tr.write_line(visible(cost_line(job, cost)))
         if self.state.interrupted is not None:
             tr.write_line(f"INTERRUPTED by {self.state.interrupted}: every job was ended; the report says so")
         if self.path is not None:

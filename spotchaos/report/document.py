@@ -24,6 +24,7 @@ from .. import __version__
 from ..errors import ReportError
 from ..host.gpu import driver_version
 from ..safety.redact import redact
+from .gate_cost import per_job
 
 SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 << 20
@@ -129,6 +130,7 @@ def build_report(
         "environment": env,
         "jobs": jobs,
         "summary": {"scenarios": len(scenarios), "passed": passed, "failed": len(scenarios) - passed},
+        "cost": per_job(scenarios),  # what the gate cost, per job (docs/report-schema.md)
         "scenarios": scenarios,
         "decision": decide(scenarios, interrupted),
         # the signal that stopped the session before every scenario ran (None: it ran to its end)

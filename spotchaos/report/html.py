@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from ..extras import require
+from .gate_cost import SECONDS
 from .plots import divergence_png, requests_png, trajectory_png
 from .summary import comparison_notes, figure_lines, landing, lost_steps_shown, verdict_word
 
@@ -117,6 +118,21 @@ def _scenario_view(scenario: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _cost_bars(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario that ran training runs: its seconds of start-up, training and harness as
+    percentages of the costliest scenario's total (the bars of the gate-cost table)."""
+    rows = []
+    for scenario in scenarios:
+        cost = scenario.get("cost") or {}
+        if cost.get("runs"):
+            parts = [float(cost.get(key) or 0.0) for key in SECONDS]
+            rows.append({"scenario": scenario.get("scenario"), "cost": cost, "parts": parts})
+    top = max((sum(row["parts"]) for row in rows), default=0.0) or 1.0
+    for row in rows:
+        row["widths"] = [round(100 * part / top, 1) for part in row["parts"]]
+    return rows
+
+
 def render_html(document: dict[str, Any]) -> str:
     """The page for one report document (already redacted by ``build_report``)."""
     document = strip_terminal_codes(document)
@@ -128,6 +144,8 @@ def render_html(document: dict[str, Any]) -> str:
         scenarios=[_scenario_view(s) for s in document.get("scenarios", [])],
         environment=sorted((k, v) for k, v in environment.items()),
         jobs=document.get("jobs") or [],
+        gate_costs=document.get("cost") or {},
+        cost_bars=_cost_bars(document.get("scenarios", [])),
         verdict_word=verdict_word,
         fault_text=_fault_text,
         lost_steps=lost_steps_shown,

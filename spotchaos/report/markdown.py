@@ -87,6 +87,17 @@ def render_markdown(document: dict[str, Any]) -> str:
             f"| {_verdict(s)} | {_name(s.get('scenario'))} | {_name(s.get('job'))} | {s.get('plans_tried', 0)} "
             f"| {lost} | {landing(s)} | {_name(s.get('failing_plan'))} |"
         )
+    costs = document.get("cost") or {}
+    if costs:
+        lines += ["", "| job | gate cost | runs | starts | steps | start-up | training | harness |"]
+        lines += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for job, c in costs.items():
+            worth = "unknown" if c.get("runs_worth") is None else f"{c['runs_worth']:g} runs' worth"
+            lines.append(
+                f"| {_name(job)} | {worth} | {c.get('runs')} | {c.get('starts')} | {c.get('steps')} "
+                f"| {c.get('startup_seconds', 0):.0f} s | {c.get('training_seconds', 0):.0f} s "
+                f"| {c.get('harness_seconds', 0):.0f} s |"
+            )
     if document.get("interrupted"):
         lines += ["", f"**Interrupted by {_cell(document['interrupted'])}**: not every scenario ran."]
     escaped = [(s, p) for s in scenarios for r in s.get("runs", []) for p in r.get("escaped_processes") or []]

@@ -1,0 +1,86 @@
+"""The built-in gate's cost on a bundled job, measured as a user pays it: one `pytest --spotchaos`
+session running the single-process built-in scenarios on the job, its report's `cost` read back
+(runs, starts, steps trained, runs' worth, seconds of start-up, training and harness), per
+scenario and for the job, and the session's own wall time. The figures of issue 37 are these,
+before and after each mechanism that cuts them.
+
+    .venv/bin/python benchmarks/gate_cost.py [--job reference] [--profile quick|standard] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILTIN = ("spotchaos.scenarios.test_preemption", "spotchaos.scenarios.test_checkpoint_damage")
+BUDGETS = "spotchaos.scenarios.test_budgets"
+
+
+def measure(job: str, profile: str, seed: int, budgets: bool) -> tuple[dict, float, int]:
+    """(the report, the session's wall seconds, pytest's exit status)."""
+    with tempfile.TemporaryDirectory(prefix="gate-cost-") as out:
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--spotchaos",
+            f"--spotchaos-job={job}",
+            f"--spotchaos-profile={profile}",
+            f"--spotchaos-seed={seed}",
+            f"--spotchaos-output={out}",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--pyargs",
+            *BUILTIN,
+            *((BUDGETS,) if budgets else ()),
+        ]
+        started = time.monotonic()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+        wall = time.monotonic() - started
+        report = Path(out) / "report.json"
+        if not report.exists():
+            sys.exit(f"no report: pytest exited {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+        return json.loads(report.read_text()), wall, done.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", default="reference")
+    parser.add_argument("--profile", default="quick", choices=("quick", "standard", "thorough"))
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-budgets", action="store_true", help="leave the two budget scenarios out")
+    args = parser.parse_args()
+    document, wall, status = measure(args.job, args.profile, args.seed, not args.no_budgets)
+    print(f"job {args.job}, profile {args.profile}, seed {args.seed}: pytest exit {status}, {wall:.0f} s wall")
+    print(f"{'scenario':78} {'runs':>4} {'starts':>6} {'steps':>5} {'worth':>6} {'start-up':>8} {'train':>6}")
+    for scenario in document["scenarios"]:
+        cost = scenario.get("cost") or {}
+        reference = cost.get("reference_steps")
+        worth = f"{cost['steps'] / reference:.1f}" if reference and cost.get("runs") else "-"
+        print(
+            f"{scenario['scenario'][-78:]:78} {cost.get('runs', 0):>4} {cost.get('starts', 0):>6} "
+            f"{cost.get('steps', 0):>5} {worth:>6} {cost.get('startup_seconds', 0):>7.0f}s "
+            f"{cost.get('training_seconds', 0):>5.0f}s"
+        )
+    total = document["cost"].get(args.job)
+    if total is None:
+        sys.exit("the report has no cost for the job")
+    share = total["startup_seconds"] / max(1e-9, total["startup_seconds"] + total["training_seconds"])
+    print(
+        f"total: {total['runs_worth']} runs' worth ({total['steps']} steps of a {total['reference_steps']}-step job), "
+        f"{total['runs']} runs, {total['starts']} starts, {total['startup_seconds']:.0f} s start-up "
+        f"({share:.0%} of the job's time), {total['training_seconds']:.0f} s training, "
+        f"{total['harness_seconds']:.0f} s harness"
+    )
+    sys.exit(0 if status == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

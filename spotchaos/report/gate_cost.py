@@ -1,0 +1,62 @@
+"""What the gate cost, per job: every run it made, counted in the units a user pays in.
+
+A scenario's record carries the runs made while it ran (``record.note_cost``): its job's
+reference too, charged to the first scenario that needed it. Per job they add up to the gate's
+cost: runs, starts of the job (each a cold process start today), steps trained (replays
+included), and "runs' worth" (those steps over the reference's: what the gate cost in
+uninterrupted runs of the job), with the seconds spent starting, training, and in the harness.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SECONDS = ("startup_seconds", "training_seconds", "harness_seconds")
+
+
+def runs_worth(cost: dict[str, Any]) -> float | None:
+    """Steps trained over the reference's steps; None while the reference's are unknown."""
+    reference = cost.get("reference_steps")
+    return round(cost["steps"] / reference, 2) if reference else None
+
+
+def per_job(scenarios: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The gate's cost of each job, summed over its scenarios (jobs without a run left out)."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for scenario in scenarios:
+        cost = scenario.get("cost") or {}
+        if not cost.get("runs"):
+            continue
+        total = jobs.setdefault(
+            scenario.get("job") or "?",
+            {
+                "scenarios": 0,
+                "runs": 0,
+                "starts": 0,
+                "steps": 0,
+                "reference_steps": None,
+                **dict.fromkeys(SECONDS, 0.0),
+            },
+        )
+        total["scenarios"] += 1
+        for key in ("runs", "starts", "steps"):
+            total[key] += int(cost.get(key) or 0)
+        for key in SECONDS:
+            total[key] = round(total[key] + float(cost.get(key) or 0.0), 3)
+        total["reference_steps"] = total["reference_steps"] or cost.get("reference_steps")
+    for total in jobs.values():
+        total["runs_worth"] = runs_worth(total)
+    return jobs
+
+
+def cost_line(job: str, cost: dict[str, Any]) -> str:
+    """``gate cost of 'reference': 7.4 runs' worth: 178 steps of a 24-step job, 19 starts, ...``"""
+    worth = cost.get("runs_worth")
+    reference = cost.get("reference_steps")
+    head = f"{worth:g} runs' worth: " if worth is not None else ""
+    of = f" of a {reference}-step job" if reference else ""
+    return (
+        f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs, {cost['starts']} starts, "
+        f"{cost['startup_seconds']:.0f} s of start-up, {cost['training_seconds']:.0f} s of training, "
+        f"{cost['harness_seconds']:.0f} s in the harness"
+    )
