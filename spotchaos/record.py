@@ -136,6 +136,14 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     record.cost = cost
 
 
+def note_harness(seconds: float) -> None:
+    """Seconds the harness spent on the scenario's runs outside them (judging a run: the state diff
+    reading checkpoints in the job's confinement, the leak scan), added to its harness seconds."""
+    record = current()
+    if record is not None and record.cost:
+        record.cost["harness_seconds"] = round(record.cost["harness_seconds"] + seconds, 3)
+
+
 def note_plans(count: int, *, add: bool = False) -> None:
     """How many plans the scenario ran (a search's count, or one more for a fixed plan)."""
     if (record := current()) is not None:

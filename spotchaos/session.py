@@ -15,6 +15,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from .config.jobs import JobSpec, load_settings
 from .errors import NotDeterministic, SpotchaosError
 from .faults.plan import Plan
 from .host.gpu_leases import GpuPool
-from .record import note_cost
+from .record import note_cost, note_harness
 from .safety.redact import leaking_files, secret_variables
 from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
@@ -309,6 +310,7 @@ class SessionCore:
         reference = self.reference(job)
         workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
         record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed")
+        judging = time.monotonic()
         verdict = judge_run(
             job,
             reference,
@@ -318,6 +320,7 @@ class SessionCore:
             root=self.root,
             leaked=lambda: self.leaks(job, record),
         )
+        note_harness(time.monotonic() - judging)
         if verdict.passed:
             self.discard(record)
         return record, verdict
