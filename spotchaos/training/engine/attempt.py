@@ -46,23 +46,6 @@ def _tail(path: Path, limit: int = TAIL_BYTES) -> str:
     return log_tail(path, limit)
 
 
-def run_attempt(
-    job: JobSpec,
-    index: int,
-    preemption: Preemption | None,
-    workdir: Path,
-    cwd: Path,
-    checkpoints: Path,
-    run_id: str,
-    backend: Backend,
-    options: EngineOptions,
-    previous: Attempt | None = None,
-) -> tuple[Attempt, StepConvention | None]:
-    """One attempt, and the step convention it learned (a log-adapter job's uninterrupted run)."""
-    run = _AttemptRun(job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous)
-    return run.run()
-
-
 @dataclass
 class _Watched:
     """What the watch of a started attempt leaves: the watch, the processes that outlived the job's
@@ -74,9 +57,10 @@ class _Watched:
     placement: dict | None
 
 
-class _AttemptRun:
+class AttemptRun:
     """One attempt, a method a phase: the environment, the launch, the watch (start to teardown, in
-    one ExitStack), and the record made of what happened."""
+    one ExitStack), and the record made of what happened. ``run()`` returns the attempt and the step
+    convention it learned (a log-adapter job's uninterrupted run)."""
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ from ...faults.plan import Plan
 from ..multirank.group_restarts import split_group_restarts
 from ..state.diff import kept_dir
 from ..trajectory import Attempt, FaultRecord, RunRecord
-from .attempt import run_attempt
+from .attempt import AttemptRun
 from .damage import damage_newest
 from .options import EngineOptions
 
@@ -57,9 +57,9 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         previous = attempts[-1] if attempts else None
         resharded = index > 0 and options.resume_nproc is not None
         attempt_job = replace(job, nproc_per_node=options.resume_nproc) if resharded else job
-        attempt, learned = run_attempt(
+        attempt, learned = AttemptRun(
             attempt_job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous
-        )
+        ).run()
         attempts.append(attempt)
         convention = convention or learned
         log.info("job %s, plan %s, attempt %d: %s", job.name, plan, index, _attempt_line(attempt))
