@@ -55,3 +55,18 @@ def test_a_session_checks_a_service_by_its_declared_name(tmp_path):
     (tmp_path / "pyproject.toml").write_text(declared)
     with Session(tmp_path) as session, pytest.raises(ConfigError, match=r"no service 'model' .*declared: api"):
         session.check_drain("model")
+
+
+@pytest.mark.unit
+def test_the_fixture_offers_the_sessions_marked_methods_and_names_them_for_a_misspelling():
+    from spotchaos.pytest_glue.scenario import Scenario
+    from spotchaos.runner import ChaosRunner
+    from spotchaos.session import entry_of
+
+    marked = {n: entry_of(getattr(ChaosRunner, n)) for n in dir(ChaosRunner) if entry_of(getattr(ChaosRunner, n, None))}
+    assert marked["check"].scenario and marked["check"].plans == 1
+    assert not marked["reference"].scenario and not marked["checkpoint_steps"].scenario  # queries, handed over
+    fixture = Scenario.__new__(Scenario)  # no pytest item needed to look a name up
+    fixture._state = type("State", (), {"runner": ChaosRunner.__new__(ChaosRunner)})()
+    with pytest.raises(AttributeError, match=r"no scenario 'chek' \(it has: .*\bcheck, check_drain\b.*\)"):
+        _ = fixture.chek

@@ -51,7 +51,9 @@ class Scenario:
         method = getattr(self.runner, name, None) if not name.startswith("_") else None
         entry = entry_of(method)
         if entry is None:
-            raise AttributeError(f"the spotchaos fixture has no scenario {name!r}")
+            known = sorted(n for n in dir(ChaosRunner) if entry_of(getattr(ChaosRunner, n, None)))
+            known += [n for n in ("explore", "service") if n not in known]
+            raise AttributeError(f"the spotchaos fixture has no scenario {name!r} (it has: {', '.join(sorted(known))})")
         if not entry.scenario:
             return method
 
