@@ -18,6 +18,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from spotchaos.report.gate_cost import runs_worth  # noqa: E402
+
 BUILTIN = ("spotchaos.scenarios.test_preemption", "spotchaos.scenarios.test_checkpoint_damage")
 BUDGETS = "spotchaos.scenarios.test_budgets"
 
@@ -62,8 +66,8 @@ def main() -> None:
     print(f"{'scenario':78} {'runs':>4} {'starts':>6} {'steps':>5} {'worth':>6} {'start-up':>8} {'train':>6}")
     for scenario in document["scenarios"]:
         cost = scenario.get("cost") or {}
-        reference = cost.get("reference_steps")
-        worth = f"{cost['steps'] / reference:.1f}" if reference and cost.get("runs") else "-"
+        worth = runs_worth(cost) if cost.get("runs") else None
+        worth = "-" if worth is None else f"{worth:.1f}"
         print(
             f"{scenario['scenario'][-78:]:78} {cost.get('runs', 0):>4} {cost.get('starts', 0):>6} "
             f"{cost.get('steps', 0):>5} {worth:>6} {cost.get('startup_seconds', 0):>7.0f}s "

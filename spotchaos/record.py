@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .faults.plan import Plan
+from .report.gate_cost import empty as empty_cost
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
 
@@ -115,15 +116,7 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     record = current()
     if record is None:
         return
-    cost = record.cost or {
-        "runs": 0,
-        "starts": 0,
-        "steps": 0,
-        "reference_steps": None,
-        "startup_seconds": 0.0,
-        "training_seconds": 0.0,
-        "harness_seconds": 0.0,
-    }
+    cost = record.cost or empty_cost()
     startup = sum(a.start_seconds or 0.0 for a in run.attempts)
     attempts = sum(a.wall_seconds for a in run.attempts)
     cost["runs"] += 1

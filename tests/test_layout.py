@@ -33,8 +33,12 @@ def _imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            target = ".".join([*base, node.module] if node.module else base) if node.level else node.module or ""
+            if node.level:  # from ..x import y: up level-1 packages from this one
+                parts = package.split(".")
+                base = parts[: len(parts) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
             for alias in node.names:
                 full = f"{target}.{alias.name}"
                 found.add(full if (ROOT / full.replace(".", "/")).with_suffix(".py").exists() else target)

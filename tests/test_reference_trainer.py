@@ -18,8 +18,6 @@ from spotchaos.training.events import EventReader
 
 from .helpers import REFERENCE_TRAINER, trainer_job
 
-CRASHPOINT = CRASHPOINT_DIR  # the crash-point hook, where the engine takes it from
-
 WORKERS0 = trainer_job(name="ref0")
 WORKERS2 = trainer_job("reference_trainer", "--num-workers", "2", name="ref2")
 PACED = trainer_job(
@@ -113,7 +111,7 @@ def test_a_crash_while_a_rotated_checkpoint_is_unlinked_in_the_background_is_cle
     there leaves it behind, and the next start removes it, says so, and resumes from the newest."""
     root = tmp_path / "ckpt"
     crash_env = {
-        "PYTHONPATH": os.pathsep.join([str(CRASHPOINT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(CRASHPOINT_DIR), os.environ.get("PYTHONPATH", "")]),
         "SPOTCHAOS_CRASH_ROOT": str(root),
         "SPOTCHAOS_CRASH_LOG": str(tmp_path / "fs.jsonl"),
     }

@@ -399,6 +399,15 @@ def _cost(table: Any, where: str) -> CostInputs:
 _TOP_KEYS = {"output", "builtin", "jobs", "services", "gpus", "ray"}
 
 
+def _ray_resources(table: Any, where: str) -> tuple[tuple[str, float], ...]:
+    if not isinstance(table, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+        for k, v in table.items()
+    ):
+        raise ConfigError(f"{where}: must be a table of amounts, such as {{num_cpus = 1, num_gpus = 1, spot = 1}}")
+    return tuple(sorted((k, float(v)) for k, v in table.items()))
+
+
 def _flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: must be true or false")
@@ -446,7 +455,7 @@ _PARSED_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "resume_args": ("resume_args", command_of),
     "state_diff": ("state_diff", _flag),
     "state_diff_ignore": ("state_diff_ignore", _ignore_patterns),
-    "ray_resources": ("ray_resources", lambda value, where: _ray_resources(value, where)),  # defined below
+    "ray_resources": ("ray_resources", _ray_resources),
 }
 _JOB_KEYS = {
     "command",
@@ -506,15 +515,6 @@ def _renamed(table: Mapping[str, Any], where: Callable[[str], str]) -> Mapping[s
             )
             table = {**table, new_key: table[old_key]}
     return table
-
-
-def _ray_resources(table: Any, where: str) -> tuple[tuple[str, float], ...]:
-    if not isinstance(table, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-        for k, v in table.items()
-    ):
-        raise ConfigError(f"{where}: must be a table of amounts, such as {{num_cpus = 1, num_gpus = 1, spot = 1}}")
-    return tuple(sorted((k, float(v)) for k, v in table.items()))
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,10 @@ class Scenario:
         method = getattr(self.runner, name, None) if not name.startswith("_") else None
         entry = entry_of(method)
         if entry is None:
-            known = sorted(n for n in dir(ChaosRunner) if entry_of(getattr(ChaosRunner, n, None)))
-            known += [n for n in ("explore", "service") if n not in known]
-            raise AttributeError(f"the spotchaos fixture has no scenario {name!r} (it has: {', '.join(sorted(known))})")
+            marked = {n for n in dir(ChaosRunner) if entry_of(getattr(ChaosRunner, n, None))}
+            own = {n for n in vars(Scenario) if not n.startswith("_") and n != "runner"}
+            known = ", ".join(sorted(marked | own))
+            raise AttributeError(f"the spotchaos fixture has no scenario {name!r} (it has: {known})")
         if not entry.scenario:
             return method
 

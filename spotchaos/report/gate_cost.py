@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+COUNTS = ("runs", "starts", "steps")
 SECONDS = ("startup_seconds", "training_seconds", "harness_seconds")
+
+
+def empty() -> dict[str, Any]:
+    """A cost with nothing counted yet: a scenario's before its first run, a job's before its sum."""
+    return {**dict.fromkeys(COUNTS, 0), "reference_steps": None, **dict.fromkeys(SECONDS, 0.0)}
 
 
 def runs_worth(cost: dict[str, Any]) -> float | None:
@@ -27,19 +33,9 @@ def per_job(scenarios: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         cost = scenario.get("cost") or {}
         if not cost.get("runs"):
             continue
-        total = jobs.setdefault(
-            scenario.get("job") or "?",
-            {
-                "scenarios": 0,
-                "runs": 0,
-                "starts": 0,
-                "steps": 0,
-                "reference_steps": None,
-                **dict.fromkeys(SECONDS, 0.0),
-            },
-        )
+        total = jobs.setdefault(scenario.get("job") or "?", {"scenarios": 0, **empty()})
         total["scenarios"] += 1
-        for key in ("runs", "starts", "steps"):
+        for key in COUNTS:
             total[key] += int(cost.get(key) or 0)
         for key in SECONDS:
             total[key] = round(total[key] + float(cost.get(key) or 0.0), 3)
