@@ -85,6 +85,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: 1; a job with gpus: as many as the GPUs lease)",
     )
     group.addoption(
+        "--spotchaos-warm",
+        choices=("on", "off"),
+        help="start a local Python job's attempts warm, forked from one interpreter per job that has paid "
+        "its imports (the job's preload), or every one cold (default: on; the reference run is always cold)",
+    )
+    group.addoption(
         "--spotchaos-keep-runs",
         action="store_true",
         help="keep the working directory of passing runs too (default: only failing ones)",

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .faults.plan import Plan
+from .report.gate_cost import add_cold_reasons
 from .report.gate_cost import empty as empty_cost
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
@@ -124,6 +125,11 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     cost["steps"] += len(run.steps)
     cost["reference_steps"] = reference_steps if reference_steps else cost["reference_steps"]
     cost["startup_seconds"] = round(cost["startup_seconds"] + startup, 3)
+    warm = [a for a in run.attempts if a.start_kind == "warm"]
+    cost["warm_starts"] += len(warm)
+    cost["warm_startup_seconds"] = round(cost["warm_startup_seconds"] + sum(a.start_seconds or 0.0 for a in warm), 3)
+    cold = [a.start_kind.partition(": ")[2] for a in run.attempts if a.start_kind.startswith("cold: ")]
+    add_cold_reasons(cost["cold_because"], {reason: cold.count(reason) for reason in cold})
     cost["training_seconds"] = round(cost["training_seconds"] + max(0.0, attempts - startup), 3)
     cost["harness_seconds"] = round(cost["harness_seconds"] + max(0.0, run.wall_seconds - attempts), 3)
     record.cost = cost

@@ -27,6 +27,7 @@ from .config.jobs import JobSpec, load_settings
 from .errors import NotDeterministic, SpotchaosError
 from .faults.plan import Plan
 from .host.gpu_leases import GpuPool
+from .host.warm.pool import WarmStarts
 from .record import note_cost, note_harness
 from .safety.redact import leaking_files, secret_variables
 from .training.determinism import HINT, Audit, Envelope
@@ -83,7 +84,7 @@ def entry_of(method: object) -> Entry | None:
 class SessionCore:
     """Runs, references and resources of one session (see the module's docstring)."""
 
-    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False) -> None:
+    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, warm=True):
         self.root = Path(root)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -101,6 +102,8 @@ class SessionCore:
         self._gpus: GpuPool | None = None  # the machine's GPUs, found with the first job that needs one
         self._ray: Any = None  # the Ray cluster (RayCluster), started or joined with the first Ray job
         self.ray_address: str | None = None  # --spotchaos-ray-address: the user's cluster, not a local one
+        # the jobs' warm interpreters (--spotchaos-warm=off: every attempt starts cold)
+        self.warm_starts = self._resources.enter_context(WarmStarts()) if warm else None
 
     def __enter__(self):
         return self
@@ -293,6 +296,8 @@ class SessionCore:
                 judge_restarts=judge_restarts,
                 trace_rank=trace_rank,
                 resume_nproc=resume_nproc,
+                # the reference starts cold, as a fresh process in production: its string hashes are its own
+                warm=None if learn else self.warm_starts,
                 # sharded (DCP) checkpoints are not compared key by key yet: see docs/distributed.md
                 keep_checkpoints=keep_checkpoints if job.state_diff and job.launcher == "python" else "",
             )
@@ -369,11 +374,9 @@ class SessionCore:
     def close(self) -> None:
         """Stop what the session started; remove what passed; keep the session's directory only if
         a failure left something in it."""
-        self._resources.close()  # containers, the S3 proxy and server
-        self._docker = self._s3 = None
-        if not self.keep_passing:
-            for reference in self._references.values():
-                shutil.rmtree(reference.workdir, ignore_errors=True)
-                shutil.rmtree(kept_dir(reference.workdir), ignore_errors=True)
+        self._resources.close()  # containers, the S3 proxy and server, the warm interpreters
+        self._docker = self._s3 = self.warm_starts = None
+        for reference in self._references.values():
+            self.discard(reference)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             self.workdir.rmdir()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -20,11 +21,17 @@ class LaunchSpec:
     writable: tuple[Path, ...] = ()  # the run's own directory: a container binds it read-write
     readable: tuple[Path, ...] = ()  # harness files the job loads (the crash-point hook): read-only
     gpus: tuple[str, ...] = ()  # the GPUs leased to the attempt: a container's device ids
+    # the environment the job's interpreter may start with, shared by its attempts (env less what
+    # one attempt adds): a backend that keeps a warm interpreter forks from one started so; None:
+    # start cold. ``preload``: what that interpreter imports first (host/warm/pool.py)
+    start_env: Mapping[str, str] | None = None
+    preload: tuple[str, ...] = ()
 
 
 class Handle(Protocol):
     """A running attempt. It may also carry ``delivery_note``: what a notice met on its way to
-    the trainer (a shell as the container's PID 1, say), recorded with the fault."""
+    the trainer (a shell as the container's PID 1, say), recorded with the fault, and
+    ``start_kind``: "warm", or "cold" with the reason a warm start was not possible."""
 
     @property
     def pid(self) -> int: ...

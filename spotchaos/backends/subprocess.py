@@ -16,6 +16,7 @@ import time
 
 from ..errors import BackendError
 from ..host.processes import become_subreaper, group_members, own_leaders, start_time
+from ..host.warm.pool import ColdStart, WarmHandle, WarmStarts
 from ..safety.safefs import create_new
 from .base import LaunchSpec
 
@@ -23,7 +24,8 @@ from .base import LaunchSpec
 class SubprocessHandle:
     """One attempt running as the leader of its own process group."""
 
-    def __init__(self, process: subprocess.Popen, logs: list) -> None:
+    def __init__(self, process: subprocess.Popen, logs: list, start_kind: str = "cold") -> None:
+        self.start_kind = start_kind
         self._process = process
         self._logs = logs
         self._cleaned = False
@@ -77,9 +79,13 @@ class SubprocessHandle:
 
 
 class SubprocessBackend:
-    """Runs each attempt as a local process group."""
+    """Runs each attempt as a local process group: forked from the job's warm interpreter where
+    ``warm`` has one for it (the attempt's ``start_env``), else started cold."""
 
     name = "subprocess"
+
+    def __init__(self, warm: WarmStarts | None = None) -> None:
+        self.warm = warm
 
     def inherited_environment(self) -> dict[str, str]:
         return dict(os.environ)  # the job runs under pytest's environment, as a local command would
@@ -92,6 +98,12 @@ class SubprocessBackend:
             stdout.close()
             raise
         become_subreaper()  # what the job orphans comes back to the harness, not to init
+        cold = "cold"
+        if self.warm is not None and spec.start_env is not None:
+            try:
+                return self._warm(spec, stdout, stderr)
+            except ColdStart as exc:
+                cold = f"cold: {exc}"
         try:
             process = subprocess.Popen(
                 list(spec.argv),
@@ -107,4 +119,13 @@ class SubprocessBackend:
             stderr.close()
             raise BackendError(f"could not start {spec.argv[0]!r}: {exc.strerror or exc}") from None
         own_leaders.add(process.pid)
-        return SubprocessHandle(process, [stdout, stderr])
+        return SubprocessHandle(process, [stdout, stderr], cold)
+
+    def _warm(self, spec: LaunchSpec, stdout, stderr) -> WarmHandle:
+        assert self.warm is not None and spec.start_env is not None
+        handle = self.warm.start(
+            spec.argv, spec.env, spec.start_env, spec.cwd, spec.preload, stdout.fileno(), stderr.fileno()
+        )
+        stdout.close()  # the attempt holds its own copies
+        stderr.close()
+        return handle

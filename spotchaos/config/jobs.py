@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import tomllib
 import warnings
@@ -24,6 +25,8 @@ from .declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of, only_k
 from .logspec import LogSpec, log_from_mapping
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
 from .prices import MAX_PRICE, PRICE_KEYS, CostInputs
+
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")
@@ -104,6 +107,10 @@ class JobSpec:
     # these resources (num_cpus, num_gpus, custom ones); "subprocess": a local process group
     backend: str = "subprocess"
     ray_resources: tuple[tuple[str, float], ...] = ()
+    # warm starts: a local Python job's attempts fork from one interpreter of the session that has
+    # imported ``preload`` (installed packages) once, instead of each paying its imports (false: cold)
+    warm: bool = True
+    preload: tuple[str, ...] = ("torch",)
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -408,6 +415,12 @@ def _ray_resources(table: Any, where: str) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((k, float(v)) for k, v in table.items()))
 
 
+def _modules(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(m, str) and MODULE_NAME.fullmatch(m) for m in value):
+        raise ConfigError(f"{where}: must be a list of installed modules to import first, such as ['torch', 'numpy']")
+    return tuple(value)
+
+
 def _flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: must be true or false")
@@ -452,6 +465,8 @@ _PARSED_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "log": ("log", log_from_mapping),
     "storage": ("storage", _storage),
     "parametrize": ("parametrize", _flag),
+    "warm": ("warm", _flag),
+    "preload": ("preload", _modules),
     "resume_args": ("resume_args", command_of),
     "state_diff": ("state_diff", _flag),
     "state_diff_ignore": ("state_diff_ignore", _ignore_patterns),

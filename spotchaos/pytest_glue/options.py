@@ -32,6 +32,7 @@ class RunOptions:
     parallel: int | None = None  # plans of one scenario run at once (None: the job's GPU leases decide)
     backend: str | None = None  # run every job on this backend (subprocess, ray; None: as each job says)
     ray_address: str | None = None  # the user's Ray cluster instead of a local one
+    warm: bool = True  # attempts of local Python jobs fork from a warm interpreter (host/warm)
 
 
 def resolve(
@@ -53,24 +54,10 @@ def resolve(
     parallel: int | None = None,
     backend: str | None = None,
     ray_address: str | None = None,
+    warm: str | None = None,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
-    if seed is None:
-        seed = environ.get("SPOTCHAOS_SEED")
-    if seed is None:
-        resolved_seed = random.randrange(2**32)
-    elif seed == "last":
-        if last_seed is None:
-            raise ConfigError("--spotchaos-seed=last: no previous spotchaos session is recorded in the cache")
-        resolved_seed = last_seed
-    else:
-        try:
-            resolved_seed = int(seed)
-        except ValueError:
-            raise ConfigError(f"--spotchaos-seed: expected an integer or 'last', got {seed!r}") from None
-        if resolved_seed < 0:
-            raise ConfigError(f"--spotchaos-seed: must be >= 0, got {resolved_seed}")
-
+    resolved_seed = _seed(seed if seed is not None else environ.get("SPOTCHAOS_SEED"), last_seed)
     profile = profile or environ.get("SPOTCHAOS_PROFILE") or ("quick" if environ.get("CI") else "standard")
     if profile not in PROFILES:
         raise ConfigError(f"--spotchaos-profile: expected one of {', '.join(PROFILES)}, got {profile!r}")
@@ -113,7 +100,31 @@ def resolve(
         parallel=parallel,
         backend=backend,
         ray_address=ray_address,
+        warm=_warm(warm or environ.get("SPOTCHAOS_WARM") or "on"),
     )
+
+
+def _seed(seed: str | None, last_seed: int | None) -> int:
+    """The plan search's seed: given, the last session's, or a fresh random one."""
+    if seed is None:
+        return random.randrange(2**32)
+    if seed == "last":
+        if last_seed is None:
+            raise ConfigError("--spotchaos-seed=last: no previous spotchaos session is recorded in the cache")
+        return last_seed
+    try:
+        resolved = int(seed)
+    except ValueError:
+        raise ConfigError(f"--spotchaos-seed: expected an integer or 'last', got {seed!r}") from None
+    if resolved < 0:
+        raise ConfigError(f"--spotchaos-seed: must be >= 0, got {resolved}")
+    return resolved
+
+
+def _warm(value: str) -> bool:
+    if value not in ("on", "off"):
+        raise ConfigError(f"--spotchaos-warm (or SPOTCHAOS_WARM): expected 'on' or 'off', got {value!r}")
+    return value == "on"
 
 
 def _image(image: str | None) -> str | None:

@@ -11,13 +11,22 @@ from __future__ import annotations
 
 from typing import Any
 
-COUNTS = ("runs", "starts", "steps")
-SECONDS = ("startup_seconds", "training_seconds", "harness_seconds")
+COUNTS = ("runs", "starts", "warm_starts", "steps")
+PARTS = ("startup_seconds", "training_seconds", "harness_seconds")  # where the seconds went: they add up
+SECONDS = (*PARTS, "warm_startup_seconds")  # the last, of the start-up: that of the warm starts
+MAX_COLD_REASONS = 8  # distinct reasons kept per scenario: enough to act on, bounded for the report
 
 
 def empty() -> dict[str, Any]:
     """A cost with nothing counted yet: a scenario's before its first run, a job's before its sum."""
-    return {**dict.fromkeys(COUNTS, 0), "reference_steps": None, **dict.fromkeys(SECONDS, 0.0)}
+    return {**dict.fromkeys(COUNTS, 0), "reference_steps": None, **dict.fromkeys(SECONDS, 0.0), "cold_because": {}}
+
+
+def add_cold_reasons(into: dict[str, int], reasons: dict[str, int]) -> None:
+    """Count why starts were cold (a reason for each start that was not warm), bounded."""
+    for reason, count in reasons.items():
+        if reason in into or len(into) < MAX_COLD_REASONS:
+            into[reason] = into.get(reason, 0) + int(count)
 
 
 def runs_worth(cost: dict[str, Any]) -> float | None:
@@ -40,9 +49,21 @@ def per_job(scenarios: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for key in SECONDS:
             total[key] = round(total[key] + float(cost.get(key) or 0.0), 3)
         total["reference_steps"] = total["reference_steps"] or cost.get("reference_steps")
+        add_cold_reasons(total["cold_because"], cost.get("cold_because") or {})
     for total in jobs.values():
         total["runs_worth"] = runs_worth(total)
     return jobs
+
+
+def _warm(cost: dict[str, Any]) -> str:
+    """`` (40 warm: 0.1 s each, cold 2.9 s)``: how many starts were forked warm, and what a start cost."""
+    warm, starts = int(cost.get("warm_starts") or 0), int(cost.get("starts") or 0)
+    if not warm:
+        return ""
+    each = float(cost.get("warm_startup_seconds") or 0.0) / warm
+    cold = starts - warm
+    cold_each = (float(cost.get("startup_seconds") or 0.0) - each * warm) / cold if cold else None
+    return f" ({warm} warm: {each:.1f} s each" + (f", cold {cold_each:.1f} s" if cold_each is not None else "") + ")"
 
 
 def cost_line(job: str, cost: dict[str, Any]) -> str:
@@ -52,7 +73,8 @@ def cost_line(job: str, cost: dict[str, Any]) -> str:
     head = f"{worth:g} runs' worth: " if worth is not None else ""
     of = f" of a {reference}-step job" if reference else ""
     return (
-        f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs, {cost['starts']} starts, "
+        f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs, {cost['starts']} starts"
+        f"{_warm(cost)}, "
         f"{cost['startup_seconds']:.0f} s of start-up, {cost['training_seconds']:.0f} s of training, "
         f"{cost['harness_seconds']:.0f} s in the harness"
     )

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from ..extras import require
-from .gate_cost import SECONDS
+from .gate_cost import PARTS
 from .plots import divergence_png, requests_png, trajectory_png
 from .summary import comparison_notes, figure_lines, landing, lost_steps_shown, verdict_word
 
@@ -125,7 +125,7 @@ def _cost_bars(scenarios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for scenario in scenarios:
         cost = scenario.get("cost") or {}
         if cost.get("runs"):
-            parts = [float(cost.get(key) or 0.0) for key in SECONDS]
+            parts = [float(cost.get(key) or 0.0) for key in PARTS]
             rows.append({"scenario": scenario.get("scenario"), "cost": cost, "parts": parts})
     top = max((sum(row["parts"]) for row in rows), default=0.0) or 1.0
     for row in rows:

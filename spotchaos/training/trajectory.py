@@ -71,6 +71,7 @@ class Attempt:
     launcher_killed: bool = False  # the agent SIGKILLed workers 30 s after forwarding the notice
     gpus: dict[str, Any] | None = None  # the GPUs it leased: devices, when acquired and released, the wait
     placement: dict[str, Any] | None = None  # where it ran on a cluster: the Ray node, its id and resources
+    start_kind: str = "cold"  # "warm" (forked from the job's warm interpreter), or "cold" and why
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["event"] == kind]

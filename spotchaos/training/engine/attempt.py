@@ -55,6 +55,7 @@ class _Watched:
     orphans: list[int]
     escaped: list[str]
     placement: dict | None
+    start_kind: str  # "warm", or "cold" and why not warm
 
 
 class AttemptRun:
@@ -83,6 +84,7 @@ class AttemptRun:
         self.events_path = self.folder / "events.jsonl"
         self.hold: Hold | None = None
         self.scratch: Path | None = None
+        self.start_env: dict[str, str] | None = None  # set with the environment, where it may start warm
         self.metadata: MetadataNotice | None = None
         self.lease: GpuLease | None = None
         self.hooked = False
@@ -120,7 +122,9 @@ class AttemptRun:
             self.scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
             # fd-based: links inside are removed, never followed
             resources.callback(shutil.rmtree, self.scratch, ignore_errors=True)
-        env = {**self.backend.inherited_environment(), **job.environment()}
+        env = {**self.backend.inherited_environment(), **job.environment(), "PYTHONUNBUFFERED": "1"}
+        # what the job's interpreter may start with before this attempt's own variables: a warm one
+        self.start_env = dict(env) if self._may_start_warm() else None
         self.hooked = self.crash_at is not None or options.trace_fs or (self.hold is not None and job.log is not None)
         if self.hooked:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
@@ -132,7 +136,6 @@ class AttemptRun:
                 ENV_CHECKPOINT_URI: self.checkpoints.as_uri(),
                 ENV_RUN_ID: self.run_id,
                 ENV_ATTEMPT: str(self.index),
-                "PYTHONUNBUFFERED": "1",
             }
         )
         if self.scratch is not None:
@@ -156,6 +159,18 @@ class AttemptRun:
             if job.container is None:  # a container sees its devices only, numbered from 0
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(self.lease.devices)
         return env
+
+    def _may_start_warm(self) -> bool:
+        """A local Python job's attempt, in a session that keeps warm interpreters (the reference
+        run starts cold: its string-hash seed and imports are a fresh process's, as in production)."""
+        job = self.job
+        return (
+            self.options.warm is not None
+            and job.warm
+            and job.container is None
+            and job.launcher == "python"
+            and self.backend.name == "subprocess"
+        )
 
     def _crash_environment(self) -> dict[str, str]:
         """A crash point armed, or every file-system event under the checkpoint folder traced."""
@@ -183,6 +198,8 @@ class AttemptRun:
             writable=(self.workdir,),
             readable=(CRASHPOINT_DIR, PROBE_FILE) if self.hooked else (),
             gpus=self.lease.devices if self.lease is not None else (),
+            start_env=self.start_env,
+            preload=self.job.preload,
         )
 
     def _reader(self, spec: LaunchSpec, env: dict[str, str]) -> EventReader | LogEventReader:
@@ -200,6 +217,8 @@ class AttemptRun:
             cwd=self.cwd,
             folder=self.folder,
             writable=spec.writable,
+            start_env=self.start_env,
+            preload=job.preload,
         )
         latency = getattr(self.backend, "log_latency_seconds", 0.0)  # the backend's own: a container's lines come late
         return LogEventReader(log_path, job.log, self.checkpoints, job.name, confined, self.options.convention, latency)
@@ -238,7 +257,9 @@ class AttemptRun:
                 # one that dropped its environment too was re-parented to the harness, its subreaper
                 escaped = end_escaped(f"{ENV_RUN_ID}={self.run_id}", getattr(handle, "identity", {}).get("start"))
                 self.options.live.discard(entry)
-        return _Watched(watch, orphans, escaped, getattr(handle, "placement", None))
+        return _Watched(
+            watch, orphans, escaped, getattr(handle, "placement", None), getattr(handle, "start_kind", "cold")
+        )
 
     def _record(
         self,
@@ -268,6 +289,7 @@ class AttemptRun:
             stderr_tail=_tail(spec.stderr_path, TAIL_BYTES * (4 if job.multi_rank else 1)),
             gpus=self.lease.describe() if self.lease is not None else None,
             placement=watched.placement,
+            start_kind=watched.start_kind,
         )
         if job.launcher == "torchrun" and watch.fault is not None:
             attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)

@@ -10,6 +10,7 @@ from pathlib import Path
 from ...backends import Backend
 from ...host.gpu_leases import GpuPool
 from ...host.leftovers import LiveJobs
+from ...host.warm.pool import WarmStarts
 from ..logadapter import StepConvention
 
 CRASHPOINT_DIR = Path(__file__).resolve().parents[2] / "faults" / "crashpoint"
@@ -52,3 +53,5 @@ class EngineOptions:
     resume_nproc: int | None = None
     # the machine's GPUs, for a job that needs some: each attempt leases its own (None: it needs none)
     gpus: GpuPool | None = None
+    # the session's warm interpreters: a local Python job's attempts fork from one (None: all cold)
+    warm: WarmStarts | None = None

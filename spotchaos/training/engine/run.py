@@ -34,7 +34,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
     The checkpoint location is always a fresh directory inside ``workdir``: the harness works on
     its own copies and never touches a checkpoint it did not create.
     """
-    backend = options.backend or SubprocessBackend()
+    backend = options.backend or SubprocessBackend(warm=options.warm)
     workdir.mkdir(parents=True, exist_ok=False)
     workdir = workdir.resolve()  # resolved once, now, while only the harness has touched it
     checkpoints = workdir / "checkpoints"

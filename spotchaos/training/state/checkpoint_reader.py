@@ -84,8 +84,12 @@ class ConfinedLoader:
         folder: Path,
         writable: tuple[Path, ...],
         readable: tuple[Path, ...] = (),
+        start_env: dict[str, str] | None = None,
+        preload: tuple[str, ...] = (),
     ) -> None:
         self.backend = backend
+        self.start_env = start_env  # the job's warm interpreter forks the helper too, where it has one
+        self.preload = preload
         self.python = "python" if in_container else sys.executable
         self.env = env
         self.cwd = cwd
@@ -128,6 +132,8 @@ class ConfinedLoader:
             grace_seconds=1.0,
             writable=self.writable,
             readable=(PACKAGE_DIR, *self.readable),
+            start_env=self.start_env,
+            preload=self.preload,
         )
         handle = self.backend.start(spec)
         try:

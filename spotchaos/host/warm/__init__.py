@@ -1,0 +1,1 @@
+"""Warm starts: a job's heavy imports paid once per session (see pool.py and zygote.py)."""
