@@ -5,6 +5,10 @@ scenario and for the job, and the session's own wall time. The figures of issue 
 before and after each mechanism that cuts them.
 
     .venv/bin/python benchmarks/gate_cost.py [--job reference] [--profile quick|standard] [--seed 1]
+        [--warm on|off|both]
+
+``--warm both`` runs the session twice, every attempt cold and then warm starts on (the default),
+and prints the paired ratios: the session's wall time, and start-up per start, cold and warm.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ BUILTIN = ("spotchaos.scenarios.test_preemption", "spotchaos.scenarios.test_chec
 BUDGETS = "spotchaos.scenarios.test_budgets"
 
 
-def measure(job: str, profile: str, seed: int, budgets: bool) -> tuple[dict, float, int]:
+def measure(job: str, profile: str, seed: int, budgets: bool, warm: str = "on") -> tuple[dict, float, int]:
     """(the report, the session's wall seconds, pytest's exit status)."""
     with tempfile.TemporaryDirectory(prefix="gate-cost-") as out:
         command = [
@@ -38,6 +42,7 @@ def measure(job: str, profile: str, seed: int, budgets: bool) -> tuple[dict, flo
             f"--spotchaos-profile={profile}",
             f"--spotchaos-seed={seed}",
             f"--spotchaos-output={out}",
+            f"--spotchaos-warm={warm}",
             "-p",
             "no:cacheprovider",
             "-q",
@@ -59,31 +64,62 @@ def main() -> None:
     parser.add_argument("--job", default="reference")
     parser.add_argument("--profile", default="quick", choices=("quick", "standard", "thorough"))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--warm", default="on", choices=("on", "off", "both"))
     parser.add_argument("--no-budgets", action="store_true", help="leave the two budget scenarios out")
     args = parser.parse_args()
-    document, wall, status = measure(args.job, args.profile, args.seed, not args.no_budgets)
-    print(f"job {args.job}, profile {args.profile}, seed {args.seed}: pytest exit {status}, {wall:.0f} s wall")
-    print(f"{'scenario':78} {'runs':>4} {'starts':>6} {'steps':>5} {'worth':>6} {'start-up':>8} {'train':>6}")
+    totals, failed = {}, False
+    for warm in ("off", "on") if args.warm == "both" else (args.warm,):
+        document, wall, status = measure(args.job, args.profile, args.seed, not args.no_budgets, warm)
+        head = f"job {args.job}, profile {args.profile}, seed {args.seed}, warm {warm}"
+        print(f"{head}: pytest exit {status}, {wall:.0f} s")
+        total = show(document, args.job)
+        totals[warm] = (total, wall)
+        failed = failed or status != 0
+    if len(totals) == 2:
+        (cold, cold_wall), (warm, warm_wall) = totals["off"], totals["on"]
+        print(
+            f"paired: wall {warm_wall:.0f} s warm / {cold_wall:.0f} s cold = {warm_wall / cold_wall:.2f}; start-up "
+            f"{warm['startup_seconds']:.0f} s / {cold['startup_seconds']:.0f} s = "
+            f"{warm['startup_seconds'] / max(cold['startup_seconds'], 1e-9):.2f}; a warm start "
+            f"{_per_start(warm, warm=True):.2f} s, a cold one {_per_start(cold, warm=False):.2f} s"
+        )
+    sys.exit(1 if failed else 0)
+
+
+def _per_start(total: dict, *, warm: bool) -> float:
+    """Seconds from launch to the first event, per warm (or per cold) start."""
+    count = total.get("warm_starts", 0) if warm else total["starts"] - total.get("warm_starts", 0)
+    seconds = total.get("warm_startup_seconds", 0.0)
+    seconds = seconds if warm else total["startup_seconds"] - seconds
+    return seconds / count if count else float("nan")
+
+
+def show(document: dict, job: str) -> dict:
+    """Print the cost per scenario and the job's total; the total."""
+    columns = f"{'runs':>4} {'starts':>6} {'warm':>4} {'steps':>5} {'worth':>6} {'start-up':>8} {'train':>6}"
+    print(f"{'scenario':78} {columns}")
     for scenario in document["scenarios"]:
         cost = scenario.get("cost") or {}
         worth = runs_worth(cost) if cost.get("runs") else None
         worth = "-" if worth is None else f"{worth:.1f}"
         print(
             f"{scenario['scenario'][-78:]:78} {cost.get('runs', 0):>4} {cost.get('starts', 0):>6} "
-            f"{cost.get('steps', 0):>5} {worth:>6} {cost.get('startup_seconds', 0):>7.0f}s "
-            f"{cost.get('training_seconds', 0):>5.0f}s"
+            f"{cost.get('warm_starts', 0):>4} {cost.get('steps', 0):>5} {worth:>6} "
+            f"{cost.get('startup_seconds', 0):>7.0f}s {cost.get('training_seconds', 0):>5.0f}s"
         )
-    total = document["cost"].get(args.job)
+    total = document["cost"].get(job)
     if total is None:
         sys.exit("the report has no cost for the job")
     share = total["startup_seconds"] / max(1e-9, total["startup_seconds"] + total["training_seconds"])
     print(
         f"total: {total['runs_worth']} runs' worth ({total['steps']} steps of a {total['reference_steps']}-step job), "
-        f"{total['runs']} runs, {total['starts']} starts, {total['startup_seconds']:.0f} s start-up "
-        f"({share:.0%} of the job's time), {total['training_seconds']:.0f} s training, "
-        f"{total['harness_seconds']:.0f} s harness"
+        f"{total['runs']} runs, {total['starts']} starts ({total.get('warm_starts', 0)} warm), "
+        f"{total['startup_seconds']:.0f} s start-up ({share:.0%} of the job's time), "
+        f"{total['training_seconds']:.0f} s training, {total['harness_seconds']:.0f} s harness"
     )
-    sys.exit(0 if status == 0 else 1)
+    if total.get("cold_because"):
+        print("cold because: " + "; ".join(f"{why} ({n})" for why, n in total["cold_because"].items()))
+    return total
 
 
 if __name__ == "__main__":

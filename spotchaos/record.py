@@ -76,6 +76,7 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
         "faults": [f.__dict__ for f in run.faults],
         "damage": [asdict(d) for d in verdict.damage],  # each checkpoint fault and what the job did
         "restart_seconds": [a.start_seconds for a in run.attempts[1:]],
+        "starts": [a.start_kind for a in run.attempts],
         "memory": run.memory_peaks(),
         # processes that left the job's process group (setsid, a double fork), found by the run's marker and ended
         "escaped_processes": [p for a in run.attempts for p in a.escaped],

@@ -110,7 +110,7 @@ class JobSpec:
     # warm starts: a local Python job's attempts fork from one interpreter of the session that has
     # imported ``preload`` (installed packages) once, instead of each paying its imports (false: cold)
     warm: bool = True
-    preload: tuple[str, ...] = ("torch",)
+    preload: tuple[str, ...] | None = None  # None: torch, where the job's Python has it
     source: str = "python"
 
     def __post_init__(self) -> None:

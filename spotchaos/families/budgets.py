@@ -4,6 +4,7 @@ of a completed job), and the notice flush (SIGTERM to a durable checkpoint) agai
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ..budgets.advisor import advise
@@ -32,12 +33,14 @@ def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:
     """A run with one SIGTERM half-way, cached per job: notice flush and restart latency.
 
     It must itself pass every verdict; figures from a run that did not resume are meaningless.
+    Its attempts start cold: the restart it times stands for a restart in production, which pays
+    the job's imports (a warm start would not).
     """
     key = ("timing", job.key())
     if key not in core.cache:
         middle = max(0, len(core.reference(job).steps) // 2 - 1)
         plan = Plan((Preemption(middle, "sigterm"),))
-        record, verdict = core.run(job, plan)
+        record, verdict = core.run(replace(job, warm=False), plan)
         if not verdict.passed:
             raise ChaosFailure(job.name, plan, verdict, record.workdir)
         core.cache[key] = record

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ReportError
-from ..host.gpu import driver_version
+from ..host.gpu import driver_version, nvidia_smi
 from ..safety.redact import redact
 from .gate_cost import per_job
 
@@ -80,21 +82,53 @@ def environment(root: Path) -> dict[str, Any]:
         "packages_sha256": digest,
         "packages": count,
     }
-    try:
-        import torch
+    torch = sys.modules.get("torch")  # loaded by the harness already: described by itself, free
+    env.update(_torch_loaded(torch) if torch is not None else _torch_installed())
+    return env
 
-        env["torch"] = torch.__version__
-        env["cuda"] = torch.version.cuda
-        env["cuda_available"] = torch.cuda.is_available()
-        env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            env["gpu"] = props.name
-            env["gpu_memory_bytes"] = props.total_memory
-            env["gpu_count"] = torch.cuda.device_count()
-            env["nvidia_driver"] = driver_version()
-    except ImportError:
-        env["torch"] = None
+
+def _torch_loaded(torch: Any) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+    }
+    if env["cuda_available"]:
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, gpu_memory_bytes=props.total_memory, gpu_count=torch.cuda.device_count())
+        env["nvidia_driver"] = driver_version()
+    return env
+
+
+def cuda_of(version_py: str) -> str | None:
+    """The CUDA version a torch build names in its ``torch/version.py`` (None: a CPU build)."""
+    found = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", version_py, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def _torch_installed() -> dict[str, Any]:
+    """torch as installed, without importing it (2-3 CPU-seconds a session, and a CUDA context in
+    the harness): its version from its metadata, its CUDA build from ``torch/version.py``, the
+    GPUs from the driver. cuDNN's version is known only where torch is loaded (null here)."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return {"torch": None}
+    spec = importlib.util.find_spec("torch")
+    folder = Path(next(iter(spec.submodule_search_locations or []), "")) if spec is not None else None
+    try:
+        text = (folder / "version.py").read_text() if folder is not None else ""
+    except OSError:
+        text = ""
+    env: dict[str, Any] = {"torch": version, "cuda": cuda_of(text), "cudnn": None}
+    listed = (nvidia_smi("--query-gpu=name,memory.total", "--format=csv,noheader,nounits") or "").strip()
+    gpus = [line.rsplit(",", 1) for line in listed.splitlines() if "," in line]
+    env["cuda_available"] = bool(env["cuda"] and gpus)
+    if env["cuda_available"]:
+        name, mib = gpus[0]
+        env.update(gpu=name.strip(), gpu_memory_bytes=int(float(mib)) * 1024 * 1024, gpu_count=len(gpus))
+        env["nvidia_driver"] = driver_version()
     return env
 
 

@@ -47,10 +47,15 @@ def _threads() -> int:
 
 
 def _preload(names: list) -> str:
-    """Import what the job declared; the reason a fork would be unsafe, or ''."""
+    """Import what the job declared (``?name``: only if installed); the reason a fork would be
+    unsafe, or ''."""
     for name in names:
+        optional, name = name.startswith("?"), name.lstrip("?")
         try:
             importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if not (optional and exc.name == name):
+                return f"preloading {name!r} failed: {type(exc).__name__}: {exc}"[:300]
         except BaseException as exc:
             return f"preloading {name!r} failed: {type(exc).__name__}: {exc}"[:300]
     threads = _threads()
@@ -61,7 +66,8 @@ def _preload(names: list) -> str:
         os.waitpid(pid, 0)
         threads = _threads()
     if threads > 1:
-        return f"{threads} threads were running after preloading {', '.join(names)}: a fork would not be safe"
+        loaded = ", ".join(n.lstrip("?") for n in names)
+        return f"{threads} threads were running after preloading {loaded}: a fork would not be safe"
     return ""
 
 

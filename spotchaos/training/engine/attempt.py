@@ -199,7 +199,7 @@ class AttemptRun:
             readable=(CRASHPOINT_DIR, PROBE_FILE) if self.hooked else (),
             gpus=self.lease.devices if self.lease is not None else (),
             start_env=self.start_env,
-            preload=self.job.preload,
+            preload=_preload(self.job),
         )
 
     def _reader(self, spec: LaunchSpec, env: dict[str, str]) -> EventReader | LogEventReader:
@@ -218,7 +218,7 @@ class AttemptRun:
             folder=self.folder,
             writable=spec.writable,
             start_env=self.start_env,
-            preload=job.preload,
+            preload=_preload(job),
         )
         latency = getattr(self.backend, "log_latency_seconds", 0.0)  # the backend's own: a container's lines come late
         return LogEventReader(log_path, job.log, self.checkpoints, job.name, confined, self.options.convention, latency)
@@ -410,6 +410,12 @@ def settle_landing(
         )
         end = hold.released_wall or fault.delivered_wall
         fault.held_seconds = max(0.0, end - step_t) if step_t is not None else None
+
+
+def _preload(job: JobSpec) -> tuple[str, ...]:
+    """What the job's warm interpreter imports first: the job's list, else torch if it is installed
+    ("?": a module the interpreter skips when missing, instead of refusing to start warm)."""
+    return job.preload if job.preload is not None else ("?torch",)
 
 
 def _start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> Handle:

@@ -1,0 +1,236 @@
+"""Warm starts: an attempt forked from the job's warm interpreter is the process a cold start makes.
+
+Each check drives the real interpreter: a zygote in the venv's Python that imported what it was
+told, forking real attempts, ended by the leftover sweep when the pytest that started it dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from spotchaos.config.jobs import job_from_mapping
+from spotchaos.faults.plan import Plan
+from spotchaos.host.leftovers import LiveJobs
+from spotchaos.host.processes import carries, is_running, start_time
+from spotchaos.host.warm.pool import ColdStart, WarmStarts, plan_launch
+from spotchaos.runner import ChaosRunner
+
+from .helpers import ROOT
+from .test_fault_landing import fast_reference
+
+WHO = """
+import json, os, random, sys
+environ = open("/proc/self/environ", "rb").read().split(b"\\0")
+print(json.dumps({
+    "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__,
+    "flavour": os.environ.get("FLAVOUR"), "tmp": os.environ.get("TMPDIR"),
+    "leader": os.getpgid(0) == os.getpid() == os.getsid(0),
+    "marker": [e.decode() for e in environ if e.startswith(b"SPOTCHAOS_RUN_ID=")],
+    "random": random.random(), "torch": "torch" in sys.modules,
+}))
+sys.stderr.write("to stderr\\n")
+if sys.argv[1] == "raise":
+    raise ValueError("the job's own error")
+if sys.argv[1] == "sleep":
+    import time
+    time.sleep(600)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _base(**more: str) -> dict[str, str]:
+    return {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", **more}
+
+
+def _fork(pool: WarmStarts, folder: Path, arg: str, run_id: str, preload=("json",), **env: str):
+    out, err = folder / f"{run_id}.out", folder / f"{run_id}.err"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        handle = pool.start(
+            (sys.executable, "who.py", arg),
+            {**_base(), "SPOTCHAOS_RUN_ID": run_id, **env},
+            _base(),
+            folder,
+            preload,
+            stdout.fileno(),
+            stderr.fileno(),
+        )
+    return handle, out, err
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "who.py").write_text(WHO)
+    return tmp_path
+
+
+def test_a_forked_attempt_is_the_script_as_python_runs_it_with_its_own_marker_and_random_state(folder):
+    with WarmStarts(live=LiveJobs(folder / "live")) as pool:
+        seen = []
+        for index, code in enumerate(("0", "3")):
+            run_id = f"{index:012d}"
+            handle, out, err = _fork(pool, folder, code, run_id, FLAVOUR=f"f{index}", TMPDIR=str(folder))
+            assert handle.start_kind == "warm"
+            assert handle.wait(60) == int(code)
+            handle.cleanup()
+            seen.append(json.loads(out.read_text()))
+            assert err.read_text() == "to stderr\n"
+        for index, who in enumerate(seen):
+            assert who["argv"] == ["who.py", ("0", "3")[index]] and who["name"] == "__main__"
+            assert who["cwd"] == str(folder) and who["path0"] == str(folder.resolve())
+            assert who["flavour"] == f"f{index}" and who["tmp"] == str(folder) and who["leader"]
+            assert who["marker"] == [f"SPOTCHAOS_RUN_ID={index:012d}"], who["marker"]
+        assert seen[0]["random"] != seen[1]["random"], "each child must seed its own random state"
+
+
+def test_a_warm_attempts_error_signal_and_marker_are_a_cold_ones(folder):
+    with WarmStarts(live=LiveJobs(folder / "live")) as pool:
+        handle, _, err = _fork(pool, folder, "raise", "aaaaaaaaaaaa")
+        assert handle.wait(60) == 1 and "ValueError: the job's own error" in err.read_text()
+        handle.cleanup()
+        handle, _, _ = _fork(pool, folder, "sleep", "bbbbbbbbbbbb")
+        deadline = time.monotonic() + 30
+        while not carries(handle.pid, "SPOTCHAOS_RUN_ID=bbbbbbbbbbbb") and time.monotonic() < deadline:
+            time.sleep(0.05)  # the child writes its marker before the script starts
+        assert carries(handle.pid, "SPOTCHAOS_RUN_ID=bbbbbbbbbbbb")
+        handle.notify(signal.SIGTERM, whole_group=False)
+        assert handle.wait(30) == -signal.SIGTERM
+        handle.cleanup()
+        assert not handle.survivors()
+
+
+def test_a_preload_that_fails_or_leaves_a_thread_running_means_cold_with_the_reason(folder):
+    (folder / "threaded.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()\n"
+    )
+    with WarmStarts(live=LiveJobs(folder / "live")) as pool:
+        with pytest.raises(ColdStart, match=r"preloading 'no_such_module_xyz' failed: ModuleNotFoundError"):
+            _fork(pool, folder, "0", "cccccccccccc", preload=("no_such_module_xyz",))
+        base = _base(PYTHONPATH=str(folder))
+        with (
+            pytest.raises(
+                ColdStart, match=r"2 threads were running after preloading threaded: a fork would not be safe"
+            ),
+            open(folder / "o", "w") as out,
+        ):
+            pool.start(
+                (sys.executable, "who.py", "0"),
+                {**base, "SPOTCHAOS_RUN_ID": "d" * 12},
+                base,
+                folder,
+                ("threaded",),
+                out.fileno(),
+                out.fileno(),
+            )
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "argv, env, reason",
+    [
+        (("bash", "who.py"), {}, r"not a Python command \(bash\)"),
+        (("python3", "-m", "who"), {}, r"the interpreter flag -m"),
+        (("python3", "-c", "pass"), {}, r"the interpreter flag -c"),
+        (("python3", "missing.py"), {}, r"missing.py is not a file"),
+        (("python3", "who.py"), {"LD_PRELOAD": "/x.so"}, r"the attempt sets LD_PRELOAD, read when Python starts"),
+        (("python3", "who.py"), {"OMP_NUM_THREADS": "1"}, r"sets OMP_NUM_THREADS"),
+        (("python3", "who.py"), {"PYTHONPATH": "/elsewhere"}, r"changes PYTHONPATH"),
+    ],
+)
+def test_what_python_reads_at_start_differing_means_a_cold_start_naming_it(folder, argv, env, reason):
+    start = _base(PYTHONPATH="/job")
+    if "PYTHONPATH" not in env:
+        env = {**env, "PYTHONPATH": "/job"}
+    with pytest.raises(ColdStart, match=reason):
+        plan_launch(argv, {**start, "SPOTCHAOS_RUN_ID": "e" * 12, **env}, start, folder, ())
+
+
+@pytest.mark.unit
+def test_a_folder_put_first_on_pythonpath_is_added_and_its_sitecustomize_run_as_a_cold_start_would(folder):
+    hook = folder / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text("")
+    start = _base(PYTHONPATH="/job")
+    env = {**start, "PYTHONPATH": f"{hook}{os.pathsep}/job", "SPOTCHAOS_RUN_ID": "f" * 12, "EXTRA": "1"}
+    launch = plan_launch((sys.executable, "-u", "who.py", "x"), env, start, folder, ("torch",))
+    assert launch.interpreter == (sys.executable, "-u") and launch.request["argv"] == ["who.py", "x"]
+    assert launch.request["path_prepend"] == [str(hook)]
+    assert launch.request["site_hooks"] == [str(hook / "sitecustomize.py")]
+    # what only the attempt sets (its marker, its own variables) does not make another interpreter
+    other = plan_launch(
+        (sys.executable, "-u", "who.py"), {**env, "SPOTCHAOS_RUN_ID": "g" * 12}, start, folder, ("torch",)
+    )
+    assert other.key == launch.key
+
+
+def test_a_killed_pytest_leaves_its_warm_interpreter_and_attempt_to_the_next_session(folder):
+    live = folder / "live"
+    driver = textwrap.dedent(
+        f"""
+        import json, os, sys, time
+        from pathlib import Path
+        from spotchaos.host.leftovers import LiveJobs
+        from spotchaos.host.warm.pool import WarmStarts
+        pool = WarmStarts(live=LiveJobs(Path({str(live)!r})))
+        out = open({str(folder / "child.out")!r}, "w")
+        base = {{"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}}
+        handle = pool.start((sys.executable, "who.py", "sleep"), {{**base, "SPOTCHAOS_RUN_ID": "h" * 12}}, base,
+                            Path({str(folder)!r}), ("json",), out.fileno(), out.fileno())
+        LiveJobs(Path({str(live)!r})).add("h" * 12, handle.identity)
+        print(json.dumps([handle.pid, pool._zygotes[next(iter(pool._zygotes))].process.pid]), flush=True)
+        time.sleep(600)
+        """
+    )
+    pytest_like = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        attempt, zygote = json.loads(pytest_like.stdout.readline())
+        started = {pid: start_time(pid) for pid in (attempt, zygote)}
+        pytest_like.send_signal(signal.SIGKILL)
+        pytest_like.wait(30)
+        assert all(is_running(pid, s) for pid, s in started.items()), "both outlive the pytest that started them"
+        ended = LiveJobs(live).reap()
+        deadline = time.monotonic() + 10
+        while any(is_running(pid, s) for pid, s in started.items()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(is_running(pid, s) for pid, s in started.items()), ended
+    finally:
+        pytest_like.kill()
+        pytest_like.wait(30)
+
+
+def test_a_gate_runs_its_attempts_warm_and_its_reference_cold_and_off_means_cold(runner, tmp_path):
+    job = replace(fast_reference(), name="warm-reference")
+    run, verdict = runner.run(job, Plan.parse("sigkill@5,sigterm@11"))
+    assert verdict.passed, verdict.message()
+    assert [a.start_kind for a in run.attempts] == ["warm"] * 3
+    assert {a.start_kind for a in runner.reference(job).attempts} == {"cold"}
+    cold_job = job_from_mapping(
+        "cold-reference", {"command": list(job.command), "warm": False, "grace_seconds": 10}, "test"
+    )
+    with ChaosRunner(ROOT, workdir=tmp_path / "off", warm=False) as off:
+        run, verdict = off.run(cold_job, Plan.parse("sigkill@5"))
+        assert verdict.passed and {a.start_kind for a in run.attempts} == {"cold"}
+    with pytest.raises(Exception, match=r"warm: must be true or false"):
+        job_from_mapping("bad", {"command": ["python", "x.py"], "warm": "yes"}, "test")
+    with pytest.raises(Exception, match=r"preload: must be a list of installed modules"):
+        job_from_mapping("bad", {"command": ["python", "x.py"], "preload": ["torch; rm -rf /"]}, "test")
+
+
+def test_the_report_reads_torchs_cuda_build_without_importing_torch():
+    from spotchaos.report.document import cuda_of
+
+    assert cuda_of("__version__ = '2.13.0+cu128'\ndebug = False\ncuda: Optional[str] = '12.8'\n") == "12.8"
+    assert cuda_of("cuda: Optional[str] = None\nhip: Optional[str] = None\n") is None
+    check = "import sys; from pathlib import Path; from spotchaos.report.document import environment; "
+    check += "e = environment(Path('.')); print(e['torch'] is not None, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["True", "False"], done.stdout + done.stderr
