@@ -113,6 +113,20 @@ SIBLING_IN_CI = {
     "tests/test_checkpoint_faults.py::test_reference_rolls_back_from_every_kind_of_damage_and_ends_bit_exact"
     "[swap-older]": "stale-latest",
     "tests/test_backend_docker.py::test_the_built_in_services_pass_in_containers[model-stream]": "model-aws",
+    "tests/test_ray_train.py::test_a_drain_notice_gets_a_just_in_time_checkpoint_and_ray_train_restores_it": (
+        "the Ray backend's drained and removed nodes in test_backend_ray, Ray Train's driver and refusals here; "
+        "the main job's Ray Train notice scenario (2-3 minutes of Ray on 2 cores)"
+    ),
+    "tests/test_backend_docker.py::test_builtin_scenarios_pass_in_containers_with_dataloader_workers": (
+        "a notice to the trainer as a container's PID 1 and through a shell entrypoint, a checkpoint read in the "
+        "job's container"
+    ),
+    "tests/test_frameworks.py::test_the_accelerate_recipe_mid_epoch_is_caught_and_a_seeded_loader_is_exact": (
+        "the Trainer's and Lightning's docs recipes (a framework's mid-epoch resume, caught)"
+    ),
+    "tests/test_serving.py::test_the_replacement_starts_warm_on_the_first_available_type": (
+        "the built-in drain on model-fallback: the fallback order followed, the replacement's warm start"
+    ),
     # the main job runs these (scenarios/, on ddp and ddp-2nodes); CI drives their faults in tests/
     "scenarios/test_distributed.py::test_damaged_and_unfinished_shards_roll_back[ddp]": (
         "the early manifest's shard crash points and rollback on ddp in test_distributed"
