@@ -84,7 +84,7 @@ def entry_of(method: object) -> Entry | None:
 class SessionCore:
     """Runs, references and resources of one session (see the module's docstring)."""
 
-    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, warm=True):
+    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, warm: bool = True):
         self.root = Path(root)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
