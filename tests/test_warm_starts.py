@@ -23,6 +23,8 @@ from spotchaos.faults.plan import Plan
 from spotchaos.host.leftovers import LiveJobs
 from spotchaos.host.processes import carries, is_running, start_time
 from spotchaos.host.warm.pool import ColdStart, WarmStarts, plan_launch
+from spotchaos.record import ScenarioRecord
+from spotchaos.report.gate_cost import cost_line
 from spotchaos.runner import ChaosRunner
 
 from .helpers import ROOT
@@ -213,6 +215,11 @@ def test_a_gate_runs_its_attempts_warm_and_its_reference_cold_and_off_means_cold
     assert verdict.passed, verdict.message()
     assert [a.start_kind for a in run.attempts] == ["warm"] * 3
     assert {a.start_kind for a in runner.reference(job).attempts} == {"cold"}
+    with ScenarioRecord(scenario="warm", job=job.name, seed=None) as record:
+        runner.check(job, "sigterm@7")
+    assert record.runs[-1]["starts"] == ["warm", "warm"], record.runs[-1]
+    assert record.cost["warm_starts"] == 2 and record.cost["cold_because"] == {}, record.cost
+    assert "(2 warm: " in cost_line(job.name, {**record.cost, "runs_worth": None})
     cold_job = job_from_mapping(
         "cold-reference", {"command": list(job.command), "warm": False, "grace_seconds": 10}, "test"
     )

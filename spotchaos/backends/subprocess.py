@@ -12,10 +12,9 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 
 from ..errors import BackendError
-from ..host.processes import become_subreaper, group_members, own_leaders, start_time
+from ..host.processes import become_subreaper, group_members, kill_group_until_gone, own_leaders, start_time
 from ..host.warm.pool import ColdStart, WarmHandle, WarmStarts
 from ..safety.safefs import create_new
 from .base import LaunchSpec
@@ -64,14 +63,7 @@ class SubprocessHandle:
     def cleanup(self) -> None:
         if self._cleaned:
             return
-        deadline = time.monotonic() + 10
-        while True:
-            self.kill()
-            self.wait(0.2)
-            if self._process.poll() is not None and not self.survivors():
-                break
-            if time.monotonic() > deadline:
-                raise BackendError(f"processes {self.survivors()} of job group {self.pid} survived SIGKILL for 10 s")
+        kill_group_until_gone(self)
         own_leaders.discard(self.pid)
         for log in self._logs:
             log.close()

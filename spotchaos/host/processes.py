@@ -23,6 +23,9 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
+
+from ..errors import BackendError
 
 PROC = Path("/proc")
 PR_SET_CHILD_SUBREAPER = 36
@@ -158,6 +161,21 @@ def end(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+
+
+def kill_group_until_gone(handle: Any, seconds: float = 10.0) -> None:
+    """SIGKILL an attempt's process group (``handle.kill``) until its leader has exited and no
+    member is left: one loop for an attempt started cold and one forked warm."""
+    deadline = time.monotonic() + seconds
+    while True:
+        handle.kill()
+        handle.wait(0.2)
+        if handle.poll() is not None and not handle.survivors():
+            return
+        if time.monotonic() > deadline:
+            raise BackendError(
+                f"processes {handle.survivors()} of job group {handle.pid} survived SIGKILL for {seconds:g} s"
+            )
 
 
 def end_marked(marker: str) -> list[str]:

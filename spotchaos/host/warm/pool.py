@@ -32,9 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import BackendError
 from ..leftovers import MARKER_VARIABLE, LiveJobs
-from ..processes import group_members, is_running, own_leaders, start_time
+from ..processes import group_members, is_running, kill_group_until_gone, own_leaders, start_time
 
 ZYGOTE_FILE = Path(__file__).with_name("zygote.py")
 READY_TIMEOUT_SECONDS = 300.0  # importing torch on a loaded 2-core machine takes tens of seconds
@@ -248,14 +247,7 @@ class WarmHandle:
     def cleanup(self) -> None:
         if self._cleaned:
             return
-        deadline = time.monotonic() + 10
-        while True:
-            self.kill()
-            self.wait(0.2)
-            if self._code is not None and not self.survivors():
-                break
-            if time.monotonic() > deadline:
-                raise BackendError(f"processes {self.survivors()} of job group {self._pid} survived SIGKILL for 10 s")
+        kill_group_until_gone(self)
         self._status.close()
         self._cleaned = True
 
