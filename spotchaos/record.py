@@ -12,6 +12,7 @@ and whatever a family notes inside goes to it. Outside one, noting does nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -129,8 +130,8 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     warm = [a for a in run.attempts if a.start_kind == "warm"]
     cost["warm_starts"] += len(warm)
     cost["warm_startup_seconds"] = round(cost["warm_startup_seconds"] + sum(a.start_seconds or 0.0 for a in warm), 3)
-    cold = [a.start_kind.partition(": ")[2] for a in run.attempts if a.start_kind.startswith("cold: ")]
-    add_cold_reasons(cost["cold_because"], {reason: cold.count(reason) for reason in cold})
+    cold = Counter(a.start_kind.partition(": ")[2] for a in run.attempts if a.start_kind.startswith("cold: "))
+    add_cold_reasons(cost["cold_because"], cold)
     cost["training_seconds"] = round(cost["training_seconds"] + max(0.0, attempts - startup), 3)
     cost["harness_seconds"] = round(cost["harness_seconds"] + max(0.0, run.wall_seconds - attempts), 3)
     record.cost = cost

@@ -53,7 +53,6 @@ class _Launch:
 
     key: tuple
     interpreter: tuple[str, ...]
-    script: str
     request: dict[str, Any]
 
 
@@ -84,8 +83,9 @@ def plan_launch(
     prepend, hooks = _path_prepend(env.get("PYTHONPATH", ""), start_env.get("PYTHONPATH", ""))
     if MARKER_VARIABLE not in env:
         raise ColdStart("the attempt has no run marker")
-    script_dir = os.path.dirname(os.path.realpath(cwd / script))
-    key = (tuple(argv[:index]), str(cwd), script_dir, tuple(sorted(start_env.items())), preload)
+    # not the folder nor the script: the child takes those, so a job and the helpers that read its
+    # checkpoints in its confinement share one interpreter
+    key = (tuple(argv[:index]), tuple(sorted(start_env.items())), preload)
     request = {
         "argv": list(argv[index:]),
         "cwd": str(cwd),
@@ -93,7 +93,7 @@ def plan_launch(
         "path_prepend": prepend,
         "site_hooks": hooks,
     }
-    return _Launch(key, tuple(argv[:index]), script_dir, request)
+    return _Launch(key, tuple(argv[:index]), request)
 
 
 def _path_prepend(attempt: str, start: str) -> tuple[list[str], list[str]]:
@@ -120,7 +120,7 @@ class _Zygote:
         env[MARKER_VARIABLE] = self.id  # last: see zygote.py
         try:
             self.process = subprocess.Popen(
-                [*launch.interpreter, str(ZYGOTE_FILE), str(theirs.fileno()), ",".join(preload), launch.script],
+                [*launch.interpreter, str(ZYGOTE_FILE), str(theirs.fileno()), ",".join(preload)],
                 cwd=launch.request["cwd"],
                 env=env,
                 stdin=subprocess.DEVNULL,
