@@ -9,6 +9,9 @@ before and after each mechanism that cuts them.
 
 ``--warm both`` runs the session twice, every attempt cold and then warm starts on (the default),
 and prints the paired ratios: the session's wall time, and start-up per start, cold and warm.
+``--prefix both`` does the same for the reference's prefix (training/prefix.py): every plan from
+step 0, then searched plans from the reference's checkpoints (the default), and prints the paired
+steps trained and runs' worth, with the steps credited instead.
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ BUILTIN = ("spotchaos.scenarios.test_preemption", "spotchaos.scenarios.test_chec
 BUDGETS = "spotchaos.scenarios.test_budgets"
 
 
-def measure(job: str, profile: str, seed: int, budgets: bool, warm: str = "on") -> tuple[dict, float, int]:
+def measure(
+    job: str, profile: str, seed: int, budgets: bool, warm: str = "on", prefix: str = "on"
+) -> tuple[dict, float, int]:
     """(the report, the session's wall seconds, pytest's exit status)."""
     with tempfile.TemporaryDirectory(prefix="gate-cost-") as out:
         command = [
@@ -43,6 +48,7 @@ def measure(job: str, profile: str, seed: int, budgets: bool, warm: str = "on") 
             f"--spotchaos-seed={seed}",
             f"--spotchaos-output={out}",
             f"--spotchaos-warm={warm}",
+            f"--spotchaos-prefix={prefix}",
             "-p",
             "no:cacheprovider",
             "-q",
@@ -65,16 +71,31 @@ def main() -> None:
     parser.add_argument("--profile", default="quick", choices=("quick", "standard", "thorough"))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warm", default="on", choices=("on", "off", "both"))
+    parser.add_argument("--prefix", default="on", choices=("on", "off", "both"))
     parser.add_argument("--no-budgets", action="store_true", help="leave the two budget scenarios out")
     args = parser.parse_args()
+    if args.warm == "both" and args.prefix == "both":
+        parser.error("pair one mechanism at a time: --warm both or --prefix both")
     totals, failed = {}, False
-    for warm in ("off", "on") if args.warm == "both" else (args.warm,):
-        document, wall, status = measure(args.job, args.profile, args.seed, not args.no_budgets, warm)
-        head = f"job {args.job}, profile {args.profile}, seed {args.seed}, warm {warm}"
+    variants = [(w, args.prefix) for w in ("off", "on")] if args.warm == "both" else [(args.warm, args.prefix)]
+    if args.prefix == "both":
+        variants = [(args.warm, p) for p in ("off", "on")]
+    for warm, prefix in variants:
+        document, wall, status = measure(args.job, args.profile, args.seed, not args.no_budgets, warm, prefix)
+        head = f"job {args.job}, profile {args.profile}, seed {args.seed}, warm {warm}, prefix {prefix}"
         print(f"{head}: pytest exit {status}, {wall:.0f} s")
         total = show(document, args.job)
-        totals[warm] = (total, wall)
+        totals[warm if args.warm == "both" else prefix] = (total, wall)
         failed = failed or status != 0
+    if args.prefix == "both":
+        (full, full_wall), (shared, shared_wall) = totals["off"], totals["on"]
+        print(
+            f"paired: steps trained {shared['steps']} with the prefix / {full['steps']} without = "
+            f"{shared['steps'] / max(full['steps'], 1):.2f} ({shared.get('prefix_steps', 0)} credited in "
+            f"{shared.get('prefix_runs', 0)} runs); runs' worth {shared['runs_worth']} / {full['runs_worth']}; "
+            f"wall {shared_wall:.0f} s / {full_wall:.0f} s = {shared_wall / full_wall:.2f}"
+        )
+        sys.exit(1 if failed else 0)
     if len(totals) == 2:
         (cold, cold_wall), (warm, warm_wall) = totals["off"], totals["on"]
         print(
@@ -92,6 +113,13 @@ def _per_start(total: dict, *, warm: bool) -> float:
     seconds = total.get("warm_startup_seconds", 0.0)
     seconds = seconds if warm else total["startup_seconds"] - seconds
     return seconds / count if count else float("nan")
+
+
+def credited(total: dict) -> str:
+    """``; 24 credited from the reference's checkpoints in 2 runs``, where any were."""
+    if not total.get("prefix_steps"):
+        return ""
+    return f"; {total['prefix_steps']} credited from the reference's checkpoints in {total.get('prefix_runs', 0)} runs"
 
 
 def show(document: dict, job: str) -> dict:
@@ -112,7 +140,8 @@ def show(document: dict, job: str) -> dict:
         sys.exit("the report has no cost for the job")
     share = total["startup_seconds"] / max(1e-9, total["startup_seconds"] + total["training_seconds"])
     print(
-        f"total: {total['runs_worth']} runs' worth ({total['steps']} steps of a {total['reference_steps']}-step job), "
+        f"total: {total['runs_worth']} runs' worth ({total['steps']} steps of a {total['reference_steps']}-step job"
+        f"{credited(total)}), "
         f"{total['runs']} runs, {total['starts']} starts ({total.get('warm_starts', 0)} warm), "
         f"{total['startup_seconds']:.0f} s start-up ({share:.0%} of the job's time), "
         f"{total['training_seconds']:.0f} s training, {total['harness_seconds']:.0f} s harness"

@@ -91,6 +91,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "its imports (the job's preload), or every one cold (default: on; the reference run is always cold)",
     )
     group.addoption(
+        "--spotchaos-prefix",
+        choices=("on", "off"),
+        help="searched plans start from a copy of the reference's checkpoint before their first fault, not step 0 "
+        "(default: on; a scenario's first plan always starts from step 0)",
+    )
+    group.addoption(
         "--spotchaos-keep-runs",
         action="store_true",
         help="keep the working directory of passing runs too (default: only failing ones)",

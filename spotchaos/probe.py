@@ -48,6 +48,9 @@ ENV_HOLD_RANK = "SPOTCHAOS_HOLD_RANK"
 ENV_HOLD_SECONDS = "SPOTCHAOS_HOLD_SECONDS"
 HOLD_RELEASE = "release"  # the harness writes a byte here once the fault is delivered
 HOLD_HELD = "held"  # the job writes "STEP PID" here as it starts to wait
+# the reference run's checkpoint hold: the folder of its two FIFOs; after each checkpoint the job
+# waits there while the harness copies the checkpoint folder (a prefix later plans start from)
+ENV_SNAPSHOT_HOLD_DIR = "SPOTCHAOS_SNAPSHOT_HOLD_DIR"
 
 __all__ = [
     "ENV_ATTEMPT",
@@ -200,23 +203,53 @@ class StepHold:
         if self.at is None or step < self.at:
             return
         self.at = None
+        _wait_for_release(self.folder, step, self.seconds)
+
+
+class CheckpointHold:
+    """Wait after each checkpoint of the reference run while the harness copies the checkpoint
+    folder: a later plan whose first fault comes after that checkpoint starts from the copy (a
+    real resume) instead of training the reference's prefix again. Held, the job writes nothing
+    more, so the copy is the folder exactly as that checkpoint left it. Armed only in the
+    reference run, on rank 0; like the step hold it delays the job at most ``seconds``."""
+
+    def __init__(self, folder: str, seconds: float) -> None:
+        self.folder = folder
+        self.seconds = seconds
+
+    @classmethod
+    def from_env(cls, rank: int = 0, restart: int | None = None) -> CheckpointHold | None:
+        folder = os.environ.get(ENV_SNAPSHOT_HOLD_DIR)
+        if not folder or rank != 0 or restart not in (None, 0):
+            return None
         try:
-            announce = os.open(os.path.join(self.folder, HOLD_HELD), os.O_WRONLY | os.O_NONBLOCK)
-            try:
-                os.write(announce, f"{step} {os.getpid()}\n".encode())
-            finally:
-                os.close(announce)
-            release = os.open(os.path.join(self.folder, HOLD_RELEASE), os.O_RDONLY | os.O_NONBLOCK)
-        except OSError:
-            return  # not the harness's FIFOs (gone, or never made): nothing to wait for
+            return cls(folder, float(os.environ.get(ENV_HOLD_SECONDS) or 30.0))
+        except ValueError:
+            return None
+
+    def wait(self, step: int) -> None:
+        _wait_for_release(self.folder, step, self.seconds)
+
+
+def _wait_for_release(folder: str, step: int, seconds: float) -> None:
+    """Announce ``STEP PID`` on the harness's ``held`` FIFO and wait for a byte on ``release``."""
+    try:
+        announce = os.open(os.path.join(folder, HOLD_HELD), os.O_WRONLY | os.O_NONBLOCK)
         try:
-            # a signal's handler (SIGTERM) runs during the wait, which then goes on (PEP 475)
-            if select.select([release], [], [], self.seconds)[0]:
-                os.read(release, 1)
-        except OSError:
-            pass
+            os.write(announce, f"{step} {os.getpid()}\n".encode())
         finally:
-            os.close(release)
+            os.close(announce)
+        release = os.open(os.path.join(folder, HOLD_RELEASE), os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return  # not the harness's FIFOs (gone, or never made): nothing to wait for
+    try:
+        # a signal's handler (SIGTERM) runs during the wait, which then goes on (PEP 475)
+        if select.select([release], [], [], seconds)[0]:
+            os.read(release, 1)
+    except OSError:
+        pass
+    finally:
+        os.close(release)
 
 
 class Probe:
@@ -236,9 +269,11 @@ class Probe:
         self.restart = restart  # torchrun's restart count of the worker group; None outside torchrun
         self._fd: int | None = None
         self._hold: StepHold | None = None
+        self._checkpoint_hold: CheckpointHold | None = None
         if path:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._hold = StepHold.from_env(rank, restart)
+            self._checkpoint_hold = CheckpointHold.from_env(rank, restart)
 
     @classmethod
     def from_env(cls) -> Probe:
@@ -318,6 +353,8 @@ class Probe:
             memory=memory_peaks(),
             **({"caveat": str(caveat)} if caveat else {}),
         )
+        if self._checkpoint_hold is not None:
+            self._checkpoint_hold.wait(int(step))
 
     def checkpoint_failed(self, step: int, *, seconds: float, reason: str) -> None:
         """A checkpoint of the state after ``step`` was given up after ``seconds`` (storage kept

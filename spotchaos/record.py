@@ -82,6 +82,8 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
         # processes that left the job's process group (setsid, a double fork), found by the run's marker and ended
         "escaped_processes": [p for a in run.attempts for p in a.escaped],
         "not_reached": run.not_reached,  # planned faults whose attempt never started: training was already done
+        # started from the reference's checkpoint after this step (attempt 0: its steps, credited); None: step 0
+        "prefix_step": run.prefix_step,
     }
     if any(a.gpus for a in run.attempts):  # where each attempt ran: the devices it leased, and when
         summary["gpus"] = [a.gpus for a in run.attempts]
@@ -96,11 +98,13 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
             "memory": reference.memory_peaks(),
             "convention": reference.convention,  # how a log-adapter script counts its steps, and whence
             "determinism": reference.audit,  # bit-reproducible or not, the mode, the envelope
+            "snapshots": reference.snapshots,  # the copies plans may start from, or why there are none
         }
     if record.passed or not verdict.passed:  # the plots show the last failing run (the minimal plan), else the last
         record.trajectory = {
             "plan": str(plan),
             "reference": [[step, loss] for _, step, loss in reference.series()["points"]],
+            "prefix_step": run.prefix_step,  # attempt 0 is the reference's steps through it, copied
             **run.series(),
         }
     if not verdict.passed:
@@ -120,17 +124,20 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     if record is None:
         return
     cost = record.cost or empty_cost()
-    startup = sum(a.start_seconds or 0.0 for a in run.attempts)
-    attempts = sum(a.wall_seconds for a in run.attempts)
+    trained = run.trained  # a prefix from the reference is credited, neither started nor trained
+    startup = sum(a.start_seconds or 0.0 for a in trained)
+    attempts = sum(a.wall_seconds for a in trained)
     cost["runs"] += 1
-    cost["starts"] += len({a.launch if a.launch is not None else a.index for a in run.attempts})
-    cost["steps"] += len(run.steps)
+    cost["starts"] += len({a.launch if a.launch is not None else a.index for a in trained})
+    cost["steps"] += sum(len(a.steps) for a in trained)
+    cost["prefix_steps"] = cost.get("prefix_steps", 0) + len(run.steps) - sum(len(a.steps) for a in trained)
+    cost["prefix_runs"] = cost.get("prefix_runs", 0) + (run.prefix_step is not None)
     cost["reference_steps"] = reference_steps if reference_steps else cost["reference_steps"]
     cost["startup_seconds"] = round(cost["startup_seconds"] + startup, 3)
-    warm = [a for a in run.attempts if a.start_kind == "warm"]
+    warm = [a for a in trained if a.start_kind == "warm"]
     cost["warm_starts"] += len(warm)
     cost["warm_startup_seconds"] = round(cost["warm_startup_seconds"] + sum(a.start_seconds or 0.0 for a in warm), 3)
-    cold = Counter(a.start_kind.partition(": ")[2] for a in run.attempts if a.start_kind.startswith("cold: "))
+    cold = Counter(a.start_kind.partition(": ")[2] for a in trained if a.start_kind.startswith("cold: "))
     add_cold_reasons(cost["cold_because"], cold)
     cost["training_seconds"] = round(cost["training_seconds"] + max(0.0, attempts - startup), 3)
     cost["harness_seconds"] = round(cost["harness_seconds"] + max(0.0, run.wall_seconds - attempts), 3)

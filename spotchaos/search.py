@@ -159,7 +159,8 @@ class _Search:
         try:
             if isinstance(ran, BaseException):
                 raise ran
-            check(self.core, self.job, plan, ran)
+            # the first plan starts from step 0: it keeps the fresh start tested against the reference
+            check(self.core, self.job, plan, ran, prefix=self.tried > 1)
             self.verdicts[key] = "passed"
         except DamageNotApplied:
             self.verdicts[key] = "reject"
@@ -211,7 +212,7 @@ def _run_ahead(
             return
         begun = time.monotonic()
         try:
-            done[str(plan)] = core.run(job, plan)
+            done[str(plan)] = core.run(job, plan, prefix=plan is not plans[0])  # as the search would run it
         except BaseException as exc:  # raised again where the search reaches the plan
             done[str(plan)] = exc
             if not isinstance(exc, ScenarioFailure):

@@ -29,13 +29,14 @@ from .faults.plan import Plan
 from .host.gpu_leases import GpuPool
 from .host.warm.pool import WarmStarts
 from .record import note_cost, note_harness
-from .safety.redact import leaking_files, secret_variables
+from .safety.redact import leak_failure
 from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
 from .training.engine.options import EngineOptions
 from .training.engine.run import run_job
 from .training.judgement import judge_run, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
+from .training.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
 from .training.state.diff import kept_dir
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
@@ -81,10 +82,14 @@ def entry_of(method: object) -> Entry | None:
     return getattr(method, "__spotchaos_entry__", None)
 
 
+def _audit_key(job: JobSpec) -> str:
+    return f"{job.key()}x{job.uninterrupted_runs}"  # the same reference serves any number of runs
+
+
 class SessionCore:
     """Runs, references and resources of one session (see the module's docstring)."""
 
-    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, warm: bool = True):
+    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, **share: bool):
         self.root = Path(root)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -102,8 +107,10 @@ class SessionCore:
         self._gpus: GpuPool | None = None  # the machine's GPUs, found with the first job that needs one
         self._ray: Any = None  # the Ray cluster (RayCluster), started or joined with the first Ray job
         self.ray_address: str | None = None  # --spotchaos-ray-address: the user's cluster, not a local one
-        # the jobs' warm interpreters (--spotchaos-warm=off: every attempt starts cold)
-        self.warm_starts = self._resources.enter_context(WarmStarts()) if warm else None
+        # what runs share (``warm``, ``prefix``: both on unless False): the jobs' warm interpreters,
+        # and the copies of each reference's checkpoint folder a plan may start from
+        self.warm_starts = self._resources.enter_context(WarmStarts()) if share.get("warm", True) else None
+        self.prefixes = Prefixes(share.get("prefix", True))
 
     def __enter__(self):
         return self
@@ -122,27 +129,24 @@ class SessionCore:
         """The uninterrupted run of ``job``, computed once per session and job configuration."""
         key = job.key()
         if key not in self._references:
-            record = self.execute(
-                job, Plan(), self.next_dir(f"{job.name}-reference"), learn=True, keep_checkpoints="all"
-            )
+            workdir = self.next_dir(f"{job.name}-reference")
+            snapshots = self.prefixes.open(job, workdir)
+            record = self.execute(job, Plan(), workdir, learn=True, keep_checkpoints="all", snapshots=snapshots)
             if not record.steps:
                 raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
+            self.prefixes.taken(job, record, snapshots)
             if record.convention is not None:
                 self._conventions[key] = convention_from_dict(record.convention)
             self._references[key] = record
-        if job.uninterrupted_runs > 1 and self._audit_key(job) not in self._audits:
-            self._audits[self._audit_key(job)] = self._audit(job, self._references[key])
-        audit = self._audits.get(self._audit_key(job))
+        if job.uninterrupted_runs > 1 and _audit_key(job) not in self._audits:
+            self._audits[_audit_key(job)] = self._audit(job, self._references[key])
+        audit = self._audits.get(_audit_key(job))
         if audit is not None and not audit.reproducible and job.exactness == "bit":
             raise NotDeterministic(
                 f"job {job.name!r} is not deterministic without any preemption: {audit.text()}; no resume can be "
                 f"judged bit for bit. Hint: {HINT}"
             )
         return self._references[key]
-
-    @staticmethod
-    def _audit_key(job: JobSpec) -> str:
-        return f"{job.key()}x{job.uninterrupted_runs}"  # the same reference serves any number of runs
 
     def _audit(self, job: JobSpec, reference: RunRecord) -> Audit:
         """The job's other uninterrupted runs, compared with the reference: its own noise."""
@@ -164,14 +168,14 @@ class SessionCore:
         """What the job's repeated uninterrupted runs showed (None with determinism_runs = 1)."""
         with contextlib.suppress(NotDeterministic):
             self.reference(job)
-        return self._audits.get(self._audit_key(job))
+        return self._audits.get(_audit_key(job))
 
     def envelope(self, job: JobSpec) -> Envelope | None:
         """The tolerance of envelope mode (None in bit mode)."""
         if job.exactness != "envelope":
             return None
         self.reference(job)
-        return Envelope(self._audits[self._audit_key(job)], job.envelope_factor)
+        return Envelope(self._audits[_audit_key(job)], job.envelope_factor)
 
     @query
     def checkpoint_steps(self, job: JobSpec) -> list[int]:
@@ -200,24 +204,16 @@ class SessionCore:
 
     def use_ray_cluster(self, cluster: Any) -> None:
         """Run this session's Ray jobs on ``cluster`` (an open RayCluster whose life the caller owns)."""
-        with self._lock:
-            self._ray = cluster
+        self._ray = cluster
 
     def ray_cluster(self) -> Any:
         """The session's Ray cluster, opened on first use: the user's (``--spotchaos-ray-address``,
         ``[tool.spotchaos.ray] address``) or a local one of a head and worker nodes, ended with the session."""
         with self._lock:
             if self._ray is None:
-                from .backends.raycluster import LocalRayCluster, RemoteRayCluster
-                from .config.jobs import RaySettings
+                from .backends.raycluster import cluster_for
 
-                ray = load_settings(self.root / "pyproject.toml").ray or RaySettings()
-                address = self.ray_address or ray.address
-                if address:
-                    cluster = RemoteRayCluster(address)
-                else:
-                    resources = dict(ray.resources_per_worker)
-                    cluster = LocalRayCluster(ray.workers, ray.cpus_per_worker, ray.gpus_per_worker, resources)
+                cluster = cluster_for(load_settings(self.root / "pyproject.toml").ray, self.ray_address)
                 self._ray = self._resources.enter_context(cluster)
             return self._ray
 
@@ -267,6 +263,8 @@ class SessionCore:
         keep_checkpoints: str = "",
         trace_rank: int | None = None,
         resume_nproc: int | None = None,
+        snapshots: Snapshots | None = None,
+        prefix: Prefix | None = None,
     ) -> RunRecord:
         """One run of ``job`` under ``plan`` on its backend and storage; ``storage_faults`` are on
         for the whole run and removed after it; ``before_restart(index, storage_env)`` may swap
@@ -300,6 +298,8 @@ class SessionCore:
                 warm=None if learn else self.warm_starts,
                 # sharded (DCP) checkpoints are not compared key by key yet: see docs/distributed.md
                 keep_checkpoints=keep_checkpoints if job.state_diff and job.launcher == "python" else "",
+                snapshots=snapshots,
+                prefix=prefix,
             )
             with contextlib.ExitStack() as added:
                 for fault in storage_faults:
@@ -310,11 +310,22 @@ class SessionCore:
         note_cost(record, len(reference.steps) if reference is not None else len(record.steps) if learn else None)
         return record
 
-    def run(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict]:
-        """Run ``plan``, judge it against the reference; a passing run's directory goes."""
+    def run(self, job: JobSpec, plan: Plan, *, prefix: bool = False) -> tuple[RunRecord, Verdict]:
+        """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's checkpoint
+        before its first fault where it can (training/prefix.py), and from step 0 again if that fails."""
+        start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
+        record, verdict = self._judged(job, plan, start)
+        if not verdict.passed:  # no more prefixes for the job: the search shrinks from step 0, as it always did
+            if start is not None:
+                self.discard(record)
+                record, verdict = self._judged(job, plan, None)
+            self.prefixes.failed(job, self.reference(job), plan, start, verdict)
+        return record, verdict
+
+    def _judged(self, job: JobSpec, plan: Plan, start: Prefix | None) -> tuple[RunRecord, Verdict]:
         reference = self.reference(job)
         workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
-        record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed")
+        record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed", prefix=start)
         judging = time.monotonic()
         verdict = judge_run(
             job,
@@ -336,14 +347,8 @@ class SessionCore:
 
     def leaks(self, job: JobSpec, run: RunRecord) -> str | None:
         """A failure naming where a run's captured output shows a secret of its job, if it does."""
-        found = leaking_files(Path(run.workdir), self.secrets_of(job))
-        if not found:
-            return None
-        names = sorted(secret_variables({**job.environment(), **dict(job.container.env if job.container else ())}))
-        return (
-            f"a secret ({', '.join(names) or 'a storage credential'}, or 8 characters of it, or its encoding) "
-            f"appears in: {', '.join(found)}; the job must not print its credentials"
-        )
+        environment = {**job.environment(), **dict(job.container.env if job.container else ())}
+        return leak_failure(Path(run.workdir), self.secrets_of(job), environment)
 
     def run_once(
         self, job: JobSpec, plan: Plan, label: str, inspect: Callable[[RunRecord], None] | None = None, **options: Any
@@ -366,6 +371,7 @@ class SessionCore:
         if not self.keep_passing:
             shutil.rmtree(run.workdir, ignore_errors=True)
             shutil.rmtree(kept_dir(run.workdir), ignore_errors=True)
+            shutil.rmtree(snapshots_dir(run.workdir), ignore_errors=True)
 
     def containers(self) -> list[dict[str, Any]]:
         """Images the session's containers ran (name, id, digests), for the report."""

@@ -224,9 +224,9 @@ def test_an_exploration_runs_each_plan_once_and_never_a_fresh_restart_only(runne
     ran: list[str] = []
     original = runner.run
 
-    def counted(job, planned):
+    def counted(job, planned, *, prefix=False):
         ran.append(str(planned))
-        return original(job, planned)
+        return original(job, planned, prefix=prefix)
 
     runner.run = counted
     try:

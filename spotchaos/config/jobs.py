@@ -92,25 +92,25 @@ class JobSpec:
     # the ranks per node a resume may use instead of nproc_per_node: declaring it says the job
     # reshards its checkpoints, so the built-in resharding scenario runs (None: it is skipped)
     reshard_nproc_per_node: int | None = None
-    # how many GPUs each attempt needs: leased for its whole life, distinct from every other
-    # attempt's on this machine (spotchaos/host/gpu_leases.py), handed over as CUDA_VISIBLE_DEVICES or a
-    # container's device ids. None: a container's own gpus, else none
+    # GPUs each attempt leases for its whole life, its own on this machine (host/gpu_leases.py), handed
+    # over as CUDA_VISIBLE_DEVICES or a container's device ids. None: a container's own gpus, else none
     gpus: int | None = None
     # how long every rank may go without an event before a hung rank is named (after a hang-rank
     # fault, say); None: event_timeout_seconds
     hang_timeout_seconds: float | None = None
-    # the framework the job trains with (transformers, lightning, accelerate): what its checkpoints
-    # hold that legitimately differs between runs, what its resumes are known to get wrong
-    # (spotchaos/training/frameworks.py). None: learned from the integration's start event, if any.
+    # the framework the job trains with (transformers, lightning, accelerate): what its checkpoints hold that
+    # may differ between runs, what its resumes get wrong (training/frameworks.py). None: as its integration says
     framework: str | None = None
     # "ray": each attempt on a worker node of a Ray cluster (spotchaos/backends/raycluster), with
     # these resources (num_cpus, num_gpus, custom ones); "subprocess": a local process group
     backend: str = "subprocess"
     ray_resources: tuple[tuple[str, float], ...] = ()
-    # warm starts: a local Python job's attempts fork from one interpreter of the session that has
-    # imported ``preload`` (installed packages) once, instead of each paying its imports (false: cold)
+    # a local Python job's attempts fork from one interpreter that imported ``preload`` once (false: cold)
     warm: bool = True
     preload: tuple[str, ...] | None = None  # None: torch, where the job's Python has it
+    # plans may start from the reference's checkpoints (training/prefix.py); their copies' bytes (None: free disk/4)
+    prefix: bool = True
+    snapshot_budget: int | None = None
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -421,6 +421,12 @@ def _modules(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _byte_count(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where}: must be a number of bytes (an integer, 0 or more), got {value!r}")
+    return value
+
+
 def _flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: must be true or false")
@@ -467,6 +473,8 @@ _PARSED_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "parametrize": ("parametrize", _flag),
     "warm": ("warm", _flag),
     "preload": ("preload", _modules),
+    "prefix": ("prefix", _flag),
+    "snapshot_budget": ("snapshot_budget", _byte_count),
     "resume_args": ("resume_args", command_of),
     "state_diff": ("state_diff", _flag),
     "state_diff_ignore": ("state_diff_ignore", _ignore_patterns),

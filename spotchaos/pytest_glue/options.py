@@ -33,6 +33,7 @@ class RunOptions:
     backend: str | None = None  # run every job on this backend (subprocess, ray; None: as each job says)
     ray_address: str | None = None  # the user's Ray cluster instead of a local one
     warm: bool = True  # attempts of local Python jobs fork from a warm interpreter (host/warm)
+    prefix: bool = True  # searched plans may start from the reference's checkpoints (training/prefix.py)
 
 
 def resolve(
@@ -55,6 +56,7 @@ def resolve(
     backend: str | None = None,
     ray_address: str | None = None,
     warm: str | None = None,
+    prefix: str | None = None,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     resolved_seed = _seed(seed if seed is not None else environ.get("SPOTCHAOS_SEED"), last_seed)
@@ -100,7 +102,8 @@ def resolve(
         parallel=parallel,
         backend=backend,
         ray_address=ray_address,
-        warm=_warm(warm or environ.get("SPOTCHAOS_WARM") or "on"),
+        warm=_on_off("--spotchaos-warm (or SPOTCHAOS_WARM)", warm or environ.get("SPOTCHAOS_WARM") or "on"),
+        prefix=_on_off("--spotchaos-prefix (or SPOTCHAOS_PREFIX)", prefix or environ.get("SPOTCHAOS_PREFIX") or "on"),
     )
 
 
@@ -121,9 +124,9 @@ def _seed(seed: str | None, last_seed: int | None) -> int:
     return resolved
 
 
-def _warm(value: str) -> bool:
+def _on_off(option: str, value: str) -> bool:
     if value not in ("on", "off"):
-        raise ConfigError(f"--spotchaos-warm (or SPOTCHAOS_WARM): expected 'on' or 'off', got {value!r}")
+        raise ConfigError(f"{option}: expected 'on' or 'off', got {value!r}")
     return value == "on"
 
 

@@ -134,6 +134,7 @@ def start(config: pytest.Config) -> None:
             backend=config.getoption("spotchaos_backend"),
             ray_address=config.getoption("spotchaos_ray_address"),
             warm=config.getoption("spotchaos_warm"),
+            prefix=config.getoption("spotchaos_prefix"),
             require_docker=config.getoption("spotchaos_require_docker"),
             require_gpu=config.getoption("spotchaos_require_gpu"),
             verbose=config.option.verbose > 0,
@@ -158,7 +159,9 @@ def start(config: pytest.Config) -> None:
             f"spotchaos: cannot write the report to {config.rootpath / options.output} "
             f"(--spotchaos-output or [tool.spotchaos] output): {exc.strerror or exc}"
         ) from None
-    runner = ChaosRunner(config.rootpath, workdir=runs, keep_passing=options.keep_runs, warm=options.warm)
+    runner = ChaosRunner(
+        config.rootpath, workdir=runs, keep_passing=options.keep_runs, warm=options.warm, prefix=options.prefix
+    )
     runner.ray_address = options.ray_address
     state = _State(settings, options, runner, now_iso())
     if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-COUNTS = ("runs", "starts", "warm_starts", "steps")
+# prefix_steps: steps credited from the reference's prefix (training/prefix.py), never trained; prefix_runs:
+# runs that started from it
+COUNTS = ("runs", "starts", "warm_starts", "steps", "prefix_steps", "prefix_runs")
 PARTS = ("startup_seconds", "training_seconds", "harness_seconds")  # where the seconds went: they add up
 SECONDS = (*PARTS, "warm_startup_seconds")  # the last, of the start-up: that of the warm starts
 MAX_COLD_REASONS = 8  # distinct reasons kept per scenario: enough to act on, bounded for the report
@@ -72,8 +74,14 @@ def cost_line(job: str, cost: dict[str, Any]) -> str:
     reference = cost.get("reference_steps")
     head = f"{worth:g} runs' worth: " if worth is not None else ""
     of = f" of a {reference}-step job" if reference else ""
+    credited = int(cost.get("prefix_steps") or 0)
+    prefix = (
+        f" ({cost.get('prefix_runs') or 0} from the reference's checkpoints: {credited} steps credited, not trained)"
+        if credited
+        else ""
+    )
     return (
-        f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs, {cost['starts']} starts"
+        f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs{prefix}, {cost['starts']} starts"
         f"{_warm(cost)}, "
         f"{cost['startup_seconds']:.0f} s of start-up, {cost['training_seconds']:.0f} s of training, "
         f"{cost['harness_seconds']:.0f} s in the harness"

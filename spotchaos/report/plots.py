@@ -12,9 +12,10 @@ from typing import Any
 from ..extras import require
 from .document import number
 
-matplotlib = require("matplotlib", "html", "the report's plots")
-matplotlib.use("Agg", force=False)  # a script that already chose a backend keeps it
-plt = require("matplotlib.pyplot", "html", "the report's plots")
+require("matplotlib", "html", "the report's plots")
+# the object-oriented Figure, never pyplot: no global figure manager, no GUI backend chosen, and a
+# second off every session's report (pyplot's import alone is about 0.9 s)
+Figure = require("matplotlib.figure", "html", "the report's plots").Figure
 
 REFERENCE_COLOUR = "#1f77b4"
 ATTEMPT_COLOURS = ["#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
@@ -29,8 +30,12 @@ ZOOM_HALF_WIDTH = 4  # steps either side of the first divergence
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
     return buffer.getvalue()
+
+
+def _axes(width: float, height: float) -> tuple[Any, Any]:
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots()
 
 
 def _draw(ax, trajectory: dict[str, Any], window: tuple[float, float] | None = None) -> None:
@@ -47,7 +52,9 @@ def _draw(ax, trajectory: dict[str, Any], window: tuple[float, float] | None = N
         ]
         if points:
             colour = ATTEMPT_COLOURS[index % len(ATTEMPT_COLOURS)]
-            ax.plot(*zip(*points, strict=True), "o", color=colour, markersize=4, label=f"attempt {index}")
+            copied = index == 0 and trajectory.get("prefix_step") is not None  # the reference's steps, not run
+            label = "attempt 0 (the reference's steps, copied)" if copied else f"attempt {index}"
+            ax.plot(*zip(*points, strict=True), "o", color=colour, markersize=4, label=label)
     shown: set[str] = set()
     for mark in trajectory.get("marks", []):
         step = mark.get("step")
@@ -65,7 +72,7 @@ def _draw(ax, trajectory: dict[str, Any], window: tuple[float, float] | None = N
 
 def trajectory_png(trajectory: dict[str, Any], title: str) -> bytes:
     """Reference and chaos run overlaid, with preemptions, resumes and rollbacks marked."""
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    fig, ax = _axes(7.5, 3.4)
     _draw(ax, trajectory)
     ax.set_title(title, fontsize=9)
     return _png(fig)
@@ -73,7 +80,7 @@ def trajectory_png(trajectory: dict[str, Any], title: str) -> bytes:
 
 def divergence_png(trajectory: dict[str, Any], step: int, title: str) -> bytes:
     """A few steps either side of the first divergence, where the two curves part."""
-    fig, ax = plt.subplots(figsize=(7.5, 3.0))
+    fig, ax = _axes(7.5, 3.0)
     _draw(ax, trajectory, (step - ZOOM_HALF_WIDTH, step + ZOOM_HALF_WIDTH))
     ax.axvspan(step - 0.5, step + 0.5, color="#d62728", alpha=0.12)
     ax.set_title(title, fontsize=9)
@@ -104,7 +111,7 @@ def requests_png(item: dict[str, Any], title: str) -> bytes:
     timeline = item.get("timeline") or {}
     width, start = float(timeline.get("width") or 0.25), float(timeline.get("start") or 0.0)
     counts: dict[str, list[int]] = timeline.get("counts") or {}
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    fig, ax = _axes(7.5, 3.2)
     bottom: list[int] = []
     for outcome in [o for o in OUTCOME_COLOURS if o in counts] + [o for o in counts if o not in OUTCOME_COLOURS]:
         row = counts[outcome]

@@ -342,6 +342,19 @@ def artifact_leaks(path: Path, matcher: SecretMatcher) -> bool:
         os.close(fd)
 
 
+def leak_failure(root: Path, secrets: Iterable[str], environment: Mapping[str, str]) -> str | None:
+    """The failure naming where a run's captured output (under ``root``) shows a secret, if it
+    does: which of the job's variables (``environment``) held one, and the files."""
+    found = leaking_files(root, secrets)
+    if not found:
+        return None
+    names = sorted(secret_variables(environment))
+    return (
+        f"a secret ({', '.join(names) or 'a storage credential'}, or 8 characters of it, or its encoding) "
+        f"appears in: {', '.join(found)}; the job must not print its credentials"
+    )
+
+
 def leaking_files(root: Path, secrets: Iterable[str] | SecretMatcher) -> list[str]:
     """The files under ``root`` that hold a leaked window of a secret, by name relative to it."""
     matcher = secrets if isinstance(secrets, SecretMatcher) else SecretMatcher(secrets, shapes=False)

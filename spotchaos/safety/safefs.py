@@ -206,12 +206,55 @@ def _copy_into(src: Folder, dst: Folder) -> None:
             source = src.open_file(entry.name)
             try:
                 target = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644, dir_fd=dst.fd)
-                with os.fdopen(source, "rb", closefd=False) as f, os.fdopen(target, "wb") as out:
-                    shutil.copyfileobj(f, out, 1 << 20)
+                try:
+                    copy_bytes(source, target)
+                finally:
+                    os.close(target)
             finally:
                 os.close(source)
         else:
             raise _refuse(src.path / entry.name, _kind(mode))
+
+
+def copy_bytes(source: int, target: int) -> None:
+    """Copy one open file into another: ``copy_file_range`` first, which shares the blocks where
+    the file system can (a reflink on XFS and Btrfs: a gigabyte checkpoint copied in no time and
+    no space), else plain reads and writes."""
+    try:
+        while os.copy_file_range(source, target, 1 << 30):
+            pass
+        return
+    except (AttributeError, OSError):
+        os.lseek(source, 0, os.SEEK_SET)
+        os.lseek(target, 0, os.SEEK_SET)
+        os.ftruncate(target, 0)
+    while chunk := os.read(source, 1 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(target, view) :]
+
+
+def copy_contents(source: Path, target: Path) -> None:
+    """Copy everything in the folder ``source`` into the existing folder ``target``, both reached
+    without following a link and everything done through fds; a link or a special file inside
+    ``source`` is refused, and nothing already in ``target`` is replaced."""
+    with Folder.open(source) as src, Folder.open(target) as dst:
+        _copy_into(src, dst)
+
+
+def listing(top: Path) -> tuple[tuple[str, int, int, int], ...]:
+    """What a folder holds, to tell whether it changed: (path, size, modification time, inode) of
+    every entry below ``top``, no link followed; a folder's size is 0 (its bytes are its files')."""
+    found = []
+    for folder, dirs, files in os.walk(top, followlinks=False):
+        dirs.sort()
+        for name in sorted([*dirs, *files]):
+            path = os.path.join(folder, name)
+            with contextlib.suppress(FileNotFoundError):
+                info = os.lstat(path)
+                size = 0 if stat.S_ISDIR(info.st_mode) else info.st_size
+                found.append((os.path.relpath(path, top), size, info.st_mtime_ns, info.st_ino))
+    return tuple(found)
 
 
 def open_beneath(root: Path, relative: str | PurePath, flags: int = os.O_RDONLY, *, single_link: bool = False) -> int:

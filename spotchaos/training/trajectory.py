@@ -122,6 +122,16 @@ class RunRecord:
     not_reached: list[str] = field(default_factory=list)  # planned for attempts that never started: training was done
     convention: dict[str, Any] | None = None  # a log-adapter job's step convention, learned by its uninterrupted run
     audit: dict[str, Any] | None = None  # the reference's: what the job's repeated uninterrupted runs showed
+    # the run started from the reference's checkpoint after this step: attempt 0 is the reference's
+    # own steps through it, copied, not trained (spotchaos/training/prefix.py); None: from step 0
+    prefix_step: int | None = None
+    # the reference's: the copies of its checkpoint folder later plans may start from
+    snapshots: dict[str, Any] | None = None
+
+    @property
+    def trained(self) -> list[Attempt]:
+        """The attempts that ran (a prefix attempt is the reference's steps, credited, not run)."""
+        return [a for a in self.attempts if a.start_kind != "prefix"]
 
     @property
     def steps(self) -> list[StepRecord]:

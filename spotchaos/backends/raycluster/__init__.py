@@ -10,6 +10,6 @@ Ray: that happens when a cluster is opened.
 from __future__ import annotations
 
 from .backend import RayBackend, RayHandle
-from .cluster import LocalRayCluster, RayCluster, RemoteRayCluster
+from .cluster import LocalRayCluster, RayCluster, RemoteRayCluster, cluster_for
 
-__all__ = ["LocalRayCluster", "RayBackend", "RayCluster", "RayHandle", "RemoteRayCluster"]
+__all__ = ["LocalRayCluster", "RayBackend", "RayCluster", "RayHandle", "RemoteRayCluster", "cluster_for"]

@@ -478,3 +478,15 @@ class RemoteRayCluster(RayCluster):
 
     def remove(self, node: RayNode) -> str:
         return f"node {node.name} kept (the user's cluster: the harness removes no node of it)"
+
+
+def cluster_for(settings: Any, address: str | None) -> RayCluster:
+    """The session's cluster, not yet open: the user's (``address``, else ``[tool.spotchaos.ray]
+    address``), or a local one of a head and the worker nodes ``settings`` (RaySettings) asks for."""
+    from ...config.jobs import RaySettings
+
+    ray = settings or RaySettings()
+    address = address or ray.address
+    if address:
+        return RemoteRayCluster(address)
+    return LocalRayCluster(ray.workers, ray.cpus_per_worker, ray.gpus_per_worker, dict(ray.resources_per_worker))

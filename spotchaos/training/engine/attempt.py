@@ -31,7 +31,16 @@ from ..restarts import diagnose
 from ..state.checkpoint_reader import ConfinedLoader
 from ..state.diff import keep, kept_dir
 from ..trajectory import Attempt, FaultRecord
-from .hold import ENV_HOLD_PATTERN, ENV_HOLD_PRINTED, ENV_HOLD_PROBE, ENV_HOLD_SKIP, ENV_HOLD_STREAM, PROBE_FILE, Hold
+from .hold import (
+    ENV_HOLD_PATTERN,
+    ENV_HOLD_PRINTED,
+    ENV_HOLD_PROBE,
+    ENV_HOLD_SKIP,
+    ENV_HOLD_STREAM,
+    PROBE_FILE,
+    CheckpointHold,
+    Hold,
+)
 from .landing import settle
 from .options import CHECKPOINT_PLACEHOLDER, CRASHPOINT_DIR, FINAL_TENSORS, FS_EVENTS, EngineOptions
 from .watch import AttemptWatch
@@ -83,6 +92,7 @@ class AttemptRun:
         self.folder = workdir / f"attempt-{index}"
         self.events_path = self.folder / "events.jsonl"
         self.hold: Hold | None = None
+        self.checkpoint_hold: CheckpointHold | None = None
         self.scratch: Path | None = None
         self.start_env: dict[str, str] | None = None  # set with the environment, where it may start warm
         self.metadata: MetadataNotice | None = None
@@ -114,6 +124,9 @@ class AttemptRun:
         self.hold = _arm_hold(job, preemption, options, self.folder)  # before the scratch folder
         if self.hold is not None:
             resources.callback(self.hold.close)
+        if options.snapshots is not None and self.index == 0:  # the reference: held at each checkpoint
+            self.checkpoint_hold = CheckpointHold(self.folder / "snapshot-hold", seconds=job.event_timeout_seconds / 2)
+            resources.callback(self.checkpoint_hold.close)
         # The attempt's own temporary folder: what the job leaves there (multiprocessing's pymp-* folders
         # of DataLoader workers killed mid-run) goes with the attempt instead of piling up in /tmp. Short,
         # since multiprocessing puts Unix sockets in it (108 bytes at most); a container needs none: its
@@ -142,6 +155,8 @@ class AttemptRun:
             env["TMPDIR"] = str(self.scratch)
         if job.exactness == "envelope" and job.log is None:
             env[ENV_FINAL_TENSORS] = str(self.folder / FINAL_TENSORS)  # the probe saves the weights themselves
+        if self.checkpoint_hold is not None:
+            env.update(self.checkpoint_hold.environment())
         if self.hold is not None:
             env.update(self.hold.environment())
             if job.log is not None:
@@ -231,10 +246,15 @@ class AttemptRun:
         entry = self.options.live.add(self.run_id, {**getattr(handle, "identity", {}), "scratch": scratch})
         on_checkpoint = None
         keep_mode = self.options.keep_checkpoints
-        if keep_mode == "all" or (keep_mode == "resumed" and self.index > 0):
+        keeping = keep_mode == "all" or (keep_mode == "resumed" and self.index > 0)
+        snapshots, held = self.options.snapshots, self.checkpoint_hold
+        if keeping or held is not None:
 
             def on_checkpoint(event: dict) -> None:
-                keep(event, self.index, self.checkpoints, kept_dir(self.workdir))
+                if keeping:
+                    keep(event, self.index, self.checkpoints, kept_dir(self.workdir))
+                if snapshots is not None and held is not None:
+                    snapshots.take(event, self.checkpoints, held)
 
         preemption = None if self.crash_at is not None else self.preemption
         watch = AttemptWatch(

@@ -21,7 +21,15 @@ import stat
 import time
 from pathlib import Path
 
-from ...probe import ENV_HOLD_AT, ENV_HOLD_DIR, ENV_HOLD_RANK, ENV_HOLD_SECONDS, HOLD_HELD, HOLD_RELEASE
+from ...probe import (
+    ENV_HOLD_AT,
+    ENV_HOLD_DIR,
+    ENV_HOLD_RANK,
+    ENV_HOLD_SECONDS,
+    ENV_SNAPSHOT_HOLD_DIR,
+    HOLD_HELD,
+    HOLD_RELEASE,
+)
 
 ANNOUNCE_BYTES = 256  # what one poll reads of the job's announcements, at most
 LATER_HOLDS = 64  # holds a release lets go at once: the held process's, then any restarted one's
@@ -110,3 +118,39 @@ class Hold:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = []
+
+
+class CheckpointHold(Hold):
+    """The reference run's hold at each of its checkpoints (``probe.CheckpointHold``): the job
+    announces the step of each checkpoint it reported and waits while the harness copies its
+    checkpoint folder, then goes on with one byte; the copy is the folder as that checkpoint left it."""
+
+    def __init__(self, folder: Path, *, seconds: float = 30.0) -> None:
+        super().__init__(folder, -1, seconds=seconds)
+        self._said = b""
+
+    def environment(self) -> dict[str, str]:
+        return {ENV_SNAPSHOT_HOLD_DIR: str(self.folder), ENV_HOLD_SECONDS: f"{self.seconds:g}"}
+
+    def held_at(self, step: int, timeout: float) -> bool:
+        """Whether the job announced it holds after its checkpoint of ``step`` (waiting up to
+        ``timeout``: it announces just after the event the harness has read)."""
+        deadline = time.monotonic() + timeout
+        while self._fds:
+            with contextlib.suppress(BlockingIOError, OSError):
+                self._said = (self._said + os.read(self._held, ANNOUNCE_BYTES))[-ANNOUNCE_BYTES:]
+            *lines, self._said = self._said.split(b"\n")
+            for line in lines:
+                first = line.split(b" ", 1)[0]
+                if first.isdigit() and len(first) < 12 and int(first) == step:
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return False
+
+    def release(self) -> None:
+        """Let the job go on after one checkpoint (one byte: each checkpoint waits for its own)."""
+        if self._fds:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._release, b"\x01")

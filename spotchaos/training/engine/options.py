@@ -6,12 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ...backends import Backend
 from ...host.gpu_leases import GpuPool
 from ...host.leftovers import LiveJobs
 from ...host.warm.pool import WarmStarts
 from ..logadapter import StepConvention
+
+if TYPE_CHECKING:
+    from ..prefix import Prefix, Snapshots
 
 CRASHPOINT_DIR = Path(__file__).resolve().parents[2] / "faults" / "crashpoint"
 
@@ -55,3 +59,7 @@ class EngineOptions:
     gpus: GpuPool | None = None
     # the session's warm interpreters: a local Python job's attempts fork from one (None: all cold)
     warm: WarmStarts | None = None
+    # the reference run: copy its checkpoint folder at each checkpoint, while it holds (None: not)
+    snapshots: Snapshots | None = None
+    # a plan that starts from the reference's checkpoint after a step, not from step 0 (None: from 0)
+    prefix: Prefix | None = None

@@ -47,9 +47,14 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         raise JobError(f"{job.where('cwd')}: directory {cwd} does not exist")
     started = time.monotonic()
     attempts: list[Attempt] = []
+    if options.prefix is not None:  # steps 0..c are the reference's: the first attempt resumes from its copy
+        options.prefix.restore(checkpoints)
+        attempts.append(options.prefix.attempt(checkpoints))
+    first = len(attempts)
     convention = options.convention  # None until a log-adapter job's uninterrupted run teaches it
-    for index in range(len(plan.preemptions) + 1):
-        preemption = plan.preemptions[index] if index < len(plan.preemptions) else None
+    for index in range(first, len(plan.preemptions) + 1 + first):
+        number = index - first  # the plan's preemption this attempt receives
+        preemption = plan.preemptions[number] if number < len(plan.preemptions) else None
         if index > 0 and options.before_restart is not None:
             swapped = options.before_restart(index)  # e.g. the storage refuses the restarted job's credentials
             if swapped:
@@ -72,7 +77,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
             break  # Ray Train called the run finished (its train function returned): nothing starts it again
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
-    unfired, not_reached = _unfired(plan, attempts)
+    unfired, not_reached = _unfired(plan, attempts[first:])
     if job.multi_rank:  # torchrun's agent or Ray Train restarted the worker group inside a launch
         attempts = split_group_restarts(attempts)
     log.info("job %s, plan %s: %d attempt(s) in %.1f s", job.name, plan, len(attempts), time.monotonic() - started)
@@ -85,6 +90,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         unfired=unfired,
         not_reached=not_reached,
         convention=convention.report(job.log) if convention is not None and job.log is not None else None,
+        prefix_step=options.prefix.step if options.prefix is not None else None,
     )
 
 
@@ -119,10 +125,12 @@ def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]
     the plan proved nothing about them; those whose attempt never started because an earlier,
     preempted one finished the training, which a search's plan may well outrun)."""
     unfired, not_reached = [], []
-    for index, planned in enumerate(plan.preemptions):
-        attempt = attempts[index] if index < len(attempts) else None
+    for number, planned in enumerate(plan.preemptions):
+        attempt = attempts[number] if number < len(attempts) else None
+        index = attempt.index if attempt is not None else number + (attempts[0].index if attempts else 0)
         if attempt is None:
-            not_reached.append(f"{planned} (attempt {index}): training finished in attempt {len(attempts) - 1}")
+            last = attempts[-1].index if attempts else 0
+            not_reached.append(f"{planned} (attempt {index}): training finished in attempt {last}")
         elif attempt.fault is not None or attempt.failed_restart:
             continue  # fired; or the attempt failed to restart, which the verdict says instead
         elif not attempt.steps and attempt.final is not None:  # resumed after the last step: nothing to preempt

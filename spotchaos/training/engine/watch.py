@@ -94,7 +94,8 @@ class AttemptWatch:
             elif event["event"] == "notice" and self.hold is not None and rank == self.hold.rank:
                 self.release_by = now  # the held rank has the forwarded notice: it may go on
             elif event["event"] == "checkpoint" and self.on_checkpoint is not None:
-                self.on_checkpoint(event)
+                self.on_checkpoint(event)  # a copy of it, or of the folder, while the job may hold
+                self.last_event_at = time.monotonic()  # the harness's own time is no silence of the job
             if ranks is not None and isinstance(rank, int):
                 if event["event"] == "start":
                     self.handle.note_rank(rank, event.get("pid"))

@@ -1,0 +1,272 @@
+"""The reference's prefix, shared: a plan whose first fault comes after checkpoint c starts from a
+copy of the reference's checkpoint folder as checkpoint c left it, instead of training steps 0..c
+again, which the reference has already trained bit for bit.
+
+Why it is still a real test: the run's first attempt is the job's own resume command on real
+files, judged like any resume (every step after c bit for bit, the final weights, the state diff
+of its checkpoints); steps 0..c are credited to the reference, as a synthetic attempt 0 whose
+events are the reference's own (``start_kind = "prefix"``: no process, no start, nothing trained).
+
+How the copies stay true to the moment: the reference run holds after each checkpoint it reports
+(``probe.CheckpointHold``) while the harness copies the folder (``Snapshots.take``); a copy is
+kept only if the job announced that hold, nothing in the folder changed while it was copied, and
+no file in it is newer than the checkpoint's event. Everything is read and written through
+``safefs`` (no link followed; ``copy_file_range`` shares blocks where the file system can).
+
+What never takes a prefix (``why_not``): a job whose steps come from its printed lines (only the
+probe holds a job at its checkpoints), several ranks, a container, Ray, S3 checkpoints, ``prefix =
+false``; a plan whose point is the job's early life (a fault before the first checkpoint, a crash
+point inside a save or a load, a rerun); and a job whose checkpoint names the reference's own
+folder (``Snapshots.refused``): a run started from the copy would read another run's files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ..config.jobs import JobSpec
+from ..faults.plan import Plan
+from ..safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
+from .engine.hold import CheckpointHold
+from .trajectory import Attempt, RunRecord
+
+SNAPSHOTS_SUFFIX = ".snapshots"
+HELD_WITHIN_SECONDS = 2.0  # the job announces its hold right after the event the harness read
+MTIME_SLACK_NS = 50_000_000  # file times are coarser than time.time(): a file saved just before its event
+SCAN_BYTES = 64 << 20  # of each snapshot file, what is searched for the reference's own folder
+BUDGET_SHARE_OF_FREE_DISK = 4  # the default snapshot budget: a quarter of the free disk
+
+
+def snapshots_dir(workdir: Path | str) -> Path:
+    """Where the reference's snapshots go: beside its folder, not in it (the job may write in its
+    folder; it never reaches this one)."""
+    workdir = Path(workdir)
+    return workdir.parent / f"{workdir.name}{SNAPSHOTS_SUFFIX}"
+
+
+def why_not(job: JobSpec) -> str | None:
+    """Why ``job`` never starts a plan from the reference's prefix; None when it may."""
+    if not job.prefix:
+        return "prefix = false"
+    if job.log is not None:
+        return "its steps are read from its printed lines (only the probe holds a job at its checkpoints)"
+    if job.launcher != "python":
+        return f"a {job.launcher} job"
+    if job.container is not None:
+        return "it runs in a container"
+    if job.backend != "subprocess":
+        return f"it runs on {job.backend}"
+    if job.storage == "s3":
+        return "its checkpoints are in S3"
+    return None
+
+
+def default_budget(folder: Path) -> int:
+    """A quarter of the free disk where the snapshots go."""
+    return shutil.disk_usage(folder).free // BUDGET_SHARE_OF_FREE_DISK
+
+
+@dataclass
+class Snapshots:
+    """The reference run's copies of its checkpoint folder, one per checkpoint step."""
+
+    folder: Path  # made by the harness beside the reference's folder
+    budget: int  # bytes all copies may take together
+    taken: dict[int, Path] = field(default_factory=dict)
+    used: int = 0
+    refused: str | None = None  # why this job takes no prefix after all, in one line
+    skipped: dict[int, str] = field(default_factory=dict)  # a checkpoint not copied, and why
+
+    def take(self, event: dict[str, Any], checkpoints: Path, hold: CheckpointHold) -> None:
+        """Copy ``checkpoints`` as the checkpoint ``event`` reports left it, while the job holds."""
+        step = event.get("step")
+        try:
+            if isinstance(step, int) and self.refused is None:
+                if hold.held_at(step, HELD_WITHIN_SECONDS):
+                    self._copy(step, event, checkpoints)
+                else:
+                    self.skipped[step] = "the job did not hold after it"
+        finally:
+            hold.release()  # one byte a checkpoint: the job goes on whether or not it was copied
+
+    def _copy(self, step: int, event: dict[str, Any], checkpoints: Path) -> None:
+        before = listing(checkpoints)
+        t = event.get("t")
+        if isinstance(t, int | float) and any(mtime > int(t * 1e9) + MTIME_SLACK_NS for _, _, mtime, _ in before):
+            self.skipped[step] = "the folder changed after the checkpoint was reported"
+            return
+        size = sum(entry[1] for entry in before)
+        if self.used + size > self.budget:
+            self.refused = (
+                f"the snapshot after step {step} would take the copies to {self.used + size} bytes, over "
+                f"snapshot_budget ({self.budget} bytes): no prefix from it or a later checkpoint"
+            )
+            return
+        target = self.folder / f"s{step}"
+        if target.exists():  # the same step reported again (Lightning's last.ckpt after its named one)
+            self.used -= _bytes(target)
+            shutil.rmtree(target)
+        target.mkdir()
+        try:
+            copy_contents(checkpoints, target)
+        except (OSError, UnsafeFile) as exc:
+            shutil.rmtree(target, ignore_errors=True)
+            self.skipped[step] = f"not copied: {exc}"
+            return
+        if listing(checkpoints) != before:
+            shutil.rmtree(target, ignore_errors=True)
+            self.skipped[step] = "the folder changed while it was copied"
+            return
+        self.taken[step] = target
+        self.used += size
+
+    def check_names(self, reference_folder: Path) -> None:
+        """Refuse every prefix of a job whose checkpoint names the reference's own folder (an
+        absolute path inside it: a ``latest`` pointer, say): a run started from the copy would
+        read the reference's files, not its own."""
+        needle = os.fsencode(str(reference_folder))
+        for step, snapshot in sorted(self.taken.items()):
+            for file in regular_files(snapshot):
+                if needle in read_bounded(file, SCAN_BYTES):
+                    self.refused = (
+                        f"its checkpoint after step {step} ({file.relative_to(snapshot)}) names the reference run's "
+                        f"own folder {reference_folder}: a run started from a copy would read another run's files"
+                    )
+                    self.drop()
+                    return
+
+    def drop(self) -> None:
+        for snapshot in self.taken.values():
+            shutil.rmtree(snapshot, ignore_errors=True)
+        self.taken.clear()
+        self.used = 0
+
+    def describe(self) -> dict[str, Any]:
+        """For the report: the steps a plan may start after, their bytes, what was skipped or refused."""
+        return {
+            "steps": sorted(self.taken),
+            "bytes": self.used,
+            "budget": self.budget,
+            "skipped": {str(k): v for k, v in sorted(self.skipped.items())},
+            "refused": self.refused,
+        }
+
+
+def _bytes(folder: Path) -> int:
+    return sum(os.lstat(f).st_size for f in regular_files(folder))
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A plan's start from the reference's checkpoint after ``step``."""
+
+    step: int
+    snapshot: Path
+    reference: RunRecord
+    reference_checkpoints: Path
+
+    def restore(self, checkpoints: Path) -> None:
+        """The run's (empty, new) checkpoint folder made a copy of the snapshot."""
+        copy_contents(self.snapshot, checkpoints)
+
+    def attempt(self, checkpoints: Path) -> Attempt:
+        """Attempt 0 of the run: the reference's events through its checkpoint after ``step``, its
+        checkpoints' addresses moved into this run's folder. Nothing ran: no start, no seconds."""
+        source = self.reference.attempts[0]
+        events = []
+        for event in source.events:
+            if event["event"] == "final":
+                break
+            if event["event"] == "checkpoint":
+                event = {**event, "uri": self._moved(event["uri"], checkpoints)}
+            if event["event"] == "step" and event["step"] > self.step:
+                break
+            events.append(event)
+            if event["event"] == "checkpoint" and event["step"] == self.step:
+                break
+        return Attempt(
+            index=0,
+            exit_code=None,
+            wall_seconds=0.0,
+            start_seconds=None,
+            started_wall=source.started_wall,
+            events=events,
+            start_kind="prefix",
+        )
+
+    def _moved(self, uri: str, checkpoints: Path) -> str:
+        parsed = urlparse(uri)
+        path = Path(os.path.normpath(unquote(parsed.path) or "."))
+        if parsed.scheme not in ("", "file") or not path.is_relative_to(self.reference_checkpoints):
+            return uri  # outside the folder copied: the run's checks say so, as they would of the reference
+        return (checkpoints / path.relative_to(self.reference_checkpoints)).as_uri()
+
+
+def choose(plan: Plan, snapshots: Snapshots | None) -> int | None:
+    """The newest snapshot before the plan's first fault; None for a plan that starts from step 0."""
+    if snapshots is None or snapshots.refused is not None or not snapshots.taken or not plan.preemptions:
+        return None
+    if any(p.fs_event is not None or p.fault == "rerun" for p in plan.preemptions):
+        return None  # a crash point counts file-system events from the first attempt's; a rerun's point is the end
+    first = plan.preemptions[0].at_step
+    before = [step for step in snapshots.taken if step < first]
+    return max(before) if before else None
+
+
+def open_snapshots(workdir: Path, budget: int | None) -> Snapshots:
+    """The reference's snapshot folder, made new beside its folder (never one that was there)."""
+    folder = snapshots_dir(workdir)
+    folder.mkdir(mode=0o700)
+    with Folder.open(folder):  # a real folder, not a link
+        pass
+    return Snapshots(folder, budget if budget is not None else default_budget(folder))
+
+
+class Prefixes:
+    """One session's snapshots, per job key: opened with each reference, consulted for each plan,
+    given up for a job once one of its plans fails (its search then shrinks from step 0)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled  # --spotchaos-prefix=off: every plan from step 0
+        self._snapshots: dict[str, Snapshots] = {}
+
+    def open(self, job: JobSpec, workdir: Path) -> Snapshots | None:
+        """The snapshot store for ``job``'s reference run, or None where it takes no prefix."""
+        return open_snapshots(workdir, job.snapshot_budget) if self.enabled and why_not(job) is None else None
+
+    def taken(self, job: JobSpec, reference: RunRecord, snapshots: Snapshots | None) -> None:
+        """After the reference: refuse a checkpoint naming its folder; say on it what plans may start from."""
+        if snapshots is not None:
+            snapshots.check_names(Path(reference.workdir) / "checkpoints")
+            self._snapshots[job.key()] = snapshots
+            reference.snapshots = snapshots.describe()
+        elif self.enabled:
+            reference.snapshots = {"steps": [], "refused": why_not(job)}
+
+    def start(self, job: JobSpec, plan: Plan, reference: RunRecord) -> Prefix | None:
+        """Where ``plan`` may start: the reference's newest snapshot before its first fault."""
+        snapshots = self._snapshots.get(job.key()) if why_not(job) is None else None  # a twin job may have it off
+        step = choose(plan, snapshots)
+        if step is None or snapshots is None:
+            return None
+        return Prefix(step, snapshots.taken[step], reference, Path(reference.workdir) / "checkpoints")
+
+    def failed(self, job: JobSpec, reference: RunRecord, plan: Plan, tried: Prefix | None, verdict: Any) -> None:
+        """A plan of ``job`` failed (``verdict``, from step 0): no more prefixes for the job, and why,
+        on its reference; a run from ``tried`` that failed where step 0 passed says so. The copies
+        stay until the reference goes: a plan running beside this one may be using one."""
+        snapshots = self._snapshots.pop(job.key(), None)
+        if snapshots is None:
+            return
+        why = f"plan {plan} failed: every later plan of this job starts from step 0"
+        if tried is not None and verdict.passed:
+            why = (
+                f"plan {plan} failed from the reference's checkpoint after step {tried.step} and passed from step "
+                "0: every later plan of this job starts from step 0"
+            )
+        reference.snapshots = {**snapshots.describe(), "refused": why}

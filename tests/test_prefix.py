@@ -1,0 +1,205 @@
+"""The reference's prefix, shared: a searched plan whose first fault comes after a checkpoint
+starts from a copy of the reference's checkpoint folder as that checkpoint left it (held there
+while copied), resumes with the job's own resume command, and is judged like any resume; steps up
+to the checkpoint are credited to the reference, never trained again.
+
+Every check drives the real reference trainer through a real session: real copies, real resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from spotchaos.config.jobs import JobSpec, job_from_mapping
+from spotchaos.errors import ConfigError
+from spotchaos.faults.plan import Plan
+from spotchaos.probe import Probe
+from spotchaos.record import ScenarioRecord
+from spotchaos.report.gate_cost import cost_line, per_job
+from spotchaos.runner import ChaosRunner
+from spotchaos.search import ExploreSettings, explore
+from spotchaos.strategies import preemption_plans
+from spotchaos.training.engine.hold import CheckpointHold
+from spotchaos.training.prefix import Snapshots, choose, open_snapshots, why_not
+
+from .helpers import FIXTURES, ROOT
+
+FAST = ("--step-seconds", "0.005")
+
+
+def trainer(script: str = "reference_trainer", *extra: str, name: str | None = None) -> JobSpec:
+    """20 steps, checkpoints after 3, 7, 11, 15 and 19."""
+    command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "20", "--checkpoint-every", "4", *FAST, *extra)
+    return JobSpec(name=name or script.replace("_", "-"), command=command, grace_seconds=10)
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory) -> ChaosRunner:
+    with ChaosRunner(ROOT, workdir=tmp_path_factory.mktemp("prefix")) as runner:
+        yield runner
+
+
+def test_a_plan_after_a_checkpoint_resumes_from_the_references_copy_and_is_judged_like_any_resume(session):
+    job = trainer()
+    reference = session.reference(job)
+    assert reference.snapshots["steps"] == [3, 7, 11, 15] and reference.snapshots["refused"] is None
+    run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    assert verdict.passed, verdict.message()
+    assert run.prefix_step == 11
+    prefix, resumed, *_ = run.attempts
+    assert prefix.start_kind == "prefix" and prefix.exit_code is None and prefix.wall_seconds == 0
+    assert [s.step for s in prefix.steps] == list(range(12))
+    assert [(s.step, s.loss) for s in prefix.steps] == [(s.step, s.loss) for s in reference.steps[:12]]
+    assert resumed.of_kind("resume")[0]["from_step"] == 11  # a real resume, of the copy in the run's own folder
+    assert resumed.steps[0].step == 12 and resumed.fault is not None and resumed.fault.fault == "sigkill"
+    copied = [e["uri"] for e in prefix.of_kind("checkpoint")]
+    assert copied and all(uri.startswith(Path(run.workdir, "checkpoints").as_uri()) for uri in copied)
+
+
+def test_a_plan_whose_point_is_the_early_life_starts_from_step_0(session):
+    job = trainer()
+    snapshots = Snapshots(Path("/nonexistent"), 1 << 30, taken={3: Path("a"), 7: Path("b"), 11: Path("c")})
+    assert choose(Plan.parse("sigterm@2"), snapshots) is None  # before the first checkpoint
+    assert choose(Plan.parse("sigterm@9,sigkill@3"), snapshots) == 7  # the first fault decides
+    assert choose(Plan.parse("crash@5"), snapshots) is None  # a crash point counts from the first attempt
+    assert choose(Plan.parse("rerun@19"), snapshots) is None
+    run, verdict = session.run(job, Plan.parse("sigterm@2"), prefix=True)
+    assert verdict.passed and run.prefix_step is None and run.attempts[0].start_kind != "prefix"
+
+
+def test_a_search_starts_its_first_plan_from_step_0_and_credits_the_rest_to_the_reference(session):
+    job = trainer()
+    record = ScenarioRecord(scenario="prefix", job=job.name, seed=3)
+    plans = preemption_plans(20, max_preemptions=1, faults=("sigkill",))
+    with record:
+        explore(session, job, lambda steps: plans, settings=ExploreSettings(max_examples=3, seed=3))
+    starts = [run["prefix_step"] for run in record.runs]
+    assert starts[0] is None and any(step is not None for step in starts[1:]), starts
+    cost = per_job([{"job": job.name, "cost": record.cost}])[job.name]
+    assert cost["prefix_runs"] == sum(step is not None for step in starts)
+    assert cost["prefix_steps"] == sum(step + 1 for step in starts if step is not None)
+    assert "from the reference's checkpoints" in cost_line(job.name, cost)
+
+
+def test_a_broken_job_fails_from_step_0_with_its_own_message_and_takes_no_more_prefixes(session):
+    job = trainer("broken_no_rng_restore")
+    session.reference(job)
+    run, verdict = session.run(job, Plan.parse("sigterm@9"), prefix=True)
+    assert not verdict.passed and run.prefix_step is None  # the verdict is the step-0 run's
+    assert "rng" in verdict.message()
+    assert "failed" in session.reference(job).snapshots["refused"]
+    again, _ = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    assert again.prefix_step is None
+
+
+def test_a_checkpoint_that_names_the_references_folder_makes_the_job_refuse_prefixes(session):
+    job = trainer("reference_trainer", "--latest-absolute", name="absolute-latest")
+    snapshots = session.reference(job).snapshots
+    assert snapshots["steps"] == [] and "names the reference run's own folder" in snapshots["refused"]
+    assert "latest" in snapshots["refused"]
+    run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    assert verdict.passed and run.prefix_step is None
+
+
+def test_off_for_a_job_or_a_session_means_every_plan_from_step_0(session, tmp_path):
+    job = trainer()
+    reference = session.reference(job)  # its copies are there: a twin job with prefix = false never uses them
+    twin = replace(job, name="no-prefix", prefix=False)
+    assert why_not(twin) == "prefix = false"
+    assert session.prefixes.start(job, Plan.parse("sigkill@13"), reference) is not None
+    assert session.prefixes.start(twin, Plan.parse("sigkill@13"), reference) is None
+    with ChaosRunner(ROOT, workdir=tmp_path / "off", prefix=False) as off:
+        assert off.reference(job).snapshots is None
+        run, verdict = off.run(job, Plan.parse("sigkill@13"), prefix=True)
+        assert verdict.passed and run.prefix_step is None
+
+
+def test_a_failing_prefix_run_is_judged_from_step_0_and_ends_the_jobs_prefixes(session):
+    """A copy that no longer matches what the job needs (here: its newest checkpoint removed
+    behind the harness's back) fails from the prefix; the plan is then run from step 0, whose
+    verdict counts, and the job takes no more prefixes, with the reason on the report."""
+    job = trainer("reference_trainer", "--seed", "9", name="spoiled-copy")
+    reference = session.reference(job)
+    snapshot = Path(reference.workdir + ".snapshots") / "s11"
+    newest = max(snapshot.glob("ckpt-*"))  # the copy loses its checkpoint after step 11: a resume goes back to 7
+    shutil.rmtree(newest)
+    run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    assert verdict.passed and run.prefix_step is None, verdict.message()
+    assert "passed from step 0" in reference.snapshots["refused"]
+
+
+def held_checkpoint(hold: CheckpointHold, step: int) -> dict:
+    """What the job's side does after a checkpoint: announce its hold (the harness reads it)."""
+    fd = os.open(hold.folder / "held", os.O_WRONLY | os.O_NONBLOCK)
+    os.write(fd, f"{step} {os.getpid()}\n".encode())
+    os.close(fd)
+    return {"event": "checkpoint", "step": step, "t": time.time() + 1}
+
+
+@pytest.mark.unit
+def test_a_copy_is_kept_only_within_the_budget_and_only_of_a_folder_that_held_still(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "ckpt-3").mkdir()
+    (folder / "ckpt-3" / "model.pt").write_bytes(b"x" * 600)
+    (folder / "latest").write_text("ckpt-3\n")
+    hold = CheckpointHold(tmp_path / "hold", seconds=1)
+    try:
+        snapshots = open_snapshots(tmp_path / "run", budget=1000)
+        snapshots.take(held_checkpoint(hold, 3), folder, hold)
+        assert sorted(snapshots.taken) == [3] and snapshots.used == 607
+        copy = snapshots.taken[3]
+        assert (copy / "ckpt-3" / "model.pt").read_bytes() == b"x" * 600 and (copy / "latest").read_text() == "ckpt-3\n"
+        snapshots.take({"event": "checkpoint", "step": 5, "t": time.time()}, folder, hold)  # never announced
+        assert snapshots.skipped == {5: "the job did not hold after it"}
+        (folder / "ckpt-7").mkdir()
+        (folder / "ckpt-7" / "model.pt").write_bytes(b"y" * 600)
+        snapshots.take(held_checkpoint(hold, 7), folder, hold)  # 1207 bytes of copies in all: over 1000
+        assert 7 not in snapshots.taken and "over snapshot_budget (1000 bytes)" in snapshots.refused
+        assert "\n" not in snapshots.refused  # one line on the report
+        newer = {**held_checkpoint(hold, 9), "t": time.time() - 60}  # a file in the folder is newer than the event
+        fresh = open_snapshots(tmp_path / "again", budget=1 << 20)
+        fresh.take(newer, folder, hold)
+        assert fresh.skipped == {9: "the folder changed after the checkpoint was reported"} and not fresh.taken
+    finally:
+        hold.close()
+
+
+@pytest.mark.unit
+def test_the_probe_holds_after_each_checkpoint_until_the_harness_lets_it_go(tmp_path, monkeypatch):
+    hold = CheckpointHold(tmp_path / "hold", seconds=5)
+    try:
+        monkeypatch.setenv("SPOTCHAOS_EVENTS", str(tmp_path / "events.jsonl"))
+        for name, value in hold.environment().items():
+            monkeypatch.setenv(name, value)
+        probe = Probe.from_env()
+        hold.release()  # the harness's byte for the first checkpoint, sent before it is reported
+        probe.checkpoint(3, seconds=0.1, nbytes=1, uri="file:///x")
+        assert hold.held_at(3, timeout=1)
+        pid = os.fork()
+        if pid == 0:  # the second checkpoint waits for its own byte
+            probe.checkpoint(7, seconds=0.1, nbytes=1, uri="file:///x")
+            os._exit(0)
+        assert hold.held_at(7, timeout=5)
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # still held
+        hold.release()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        hold.close()
+
+
+@pytest.mark.unit
+def test_prefix_and_its_budget_are_checked_where_declared():
+    job = job_from_mapping("a", {"command": ["x"], "prefix": False, "snapshot_budget": 10}, "pyproject.toml")
+    assert not job.prefix and job.snapshot_budget == 10
+    with pytest.raises(ConfigError, match=r"snapshot_budget: must be a number of bytes"):
+        job_from_mapping("a", {"command": ["x"], "snapshot_budget": "1GB"}, "pyproject.toml")
+    with pytest.raises(ConfigError, match=r"prefix: must be true or false"):
+        job_from_mapping("a", {"command": ["x"], "prefix": "no"}, "pyproject.toml")
