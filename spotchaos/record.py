@@ -84,6 +84,7 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
         "not_reached": run.not_reached,  # planned faults whose attempt never started: training was already done
         # started from the reference's checkpoint after this step (attempt 0: its steps, credited); None: step 0
         "prefix_step": run.prefix_step,
+        "reused": run.reused,  # run by another scenario of this session on the same job: its verdict, not run again
     }
     if any(a.gpus for a in run.attempts):  # where each attempt ran: the devices it leased, and when
         summary["gpus"] = [a.gpus for a in run.attempts]

@@ -160,7 +160,7 @@ class _Search:
             if isinstance(ran, BaseException):
                 raise ran
             # the first plan starts from step 0: it keeps the fresh start tested against the reference
-            check(self.core, self.job, plan, ran, prefix=self.tried > 1)
+            check(self.core, self.job, plan, ran, prefix=self.tried > 1, reuse=True)
             self.verdicts[key] = "passed"
         except DamageNotApplied:
             self.verdicts[key] = "reject"
@@ -212,7 +212,7 @@ def _run_ahead(
             return
         begun = time.monotonic()
         try:
-            done[str(plan)] = core.run(job, plan, prefix=plan is not plans[0])  # as the search would run it
+            done[str(plan)] = core.run(job, plan, prefix=plan is not plans[0], reuse=True)  # as the search would
         except BaseException as exc:  # raised again where the search reaches the plan
             done[str(plan)] = exc
             if not isinstance(exc, ScenarioFailure):

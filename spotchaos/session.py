@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -111,6 +111,7 @@ class SessionCore:
         # and the copies of each reference's checkpoint folder a plan may start from
         self.warm_starts = self._resources.enter_context(WarmStarts()) if share.get("warm", True) else None
         self.prefixes = Prefixes(share.get("prefix", True))
+        self._passed: dict[tuple[str, str], tuple[RunRecord, Verdict]] = {}  # (job key, plan): a passing run
 
     def __enter__(self):
         return self
@@ -139,7 +140,7 @@ class SessionCore:
                 self._conventions[key] = convention_from_dict(record.convention)
             self._references[key] = record
         if job.uninterrupted_runs > 1 and _audit_key(job) not in self._audits:
-            self._audits[_audit_key(job)] = self._audit(job, self._references[key])
+            self._audits[_audit_key(job)] = _audit(self, job, self._references[key])
         audit = self._audits.get(_audit_key(job))
         if audit is not None and not audit.reproducible and job.exactness == "bit":
             raise NotDeterministic(
@@ -147,22 +148,6 @@ class SessionCore:
                 f"judged bit for bit. Hint: {HINT}"
             )
         return self._references[key]
-
-    def _audit(self, job: JobSpec, reference: RunRecord) -> Audit:
-        """The job's other uninterrupted runs, compared with the reference: its own noise."""
-        runs = [reference]
-        spread: dict[str, list[float]] = {}
-        for index in range(2, job.uninterrupted_runs + 1):
-            record = self.execute(job, Plan(), self.next_dir(f"{job.name}-uninterrupted-{index}"))
-            runs.append(record)
-            for name, distance in weights_distance(job, reference, record).items():
-                spread[name] = [max(a, b) for a, b in zip(spread.get(name, [0.0, 0.0]), distance, strict=True)]
-            self.discard(record)
-        result = audit_runs(runs, spread)
-        log.info("job %s: %s", job.name, result.text())
-        # for the report: whether the job is bit-reproducible, the mode it is judged in, its envelope
-        reference.audit = {**result.to_dict(), "exactness": job.exactness, "envelope_factor": job.envelope_factor}
-        return result
 
     def audit(self, job: JobSpec) -> Audit | None:
         """What the job's repeated uninterrupted runs showed (None with determinism_runs = 1)."""
@@ -310,11 +295,16 @@ class SessionCore:
         note_cost(record, len(reference.steps) if reference is not None else len(record.steps) if learn else None)
         return record
 
-    def run(self, job: JobSpec, plan: Plan, *, prefix: bool = False) -> tuple[RunRecord, Verdict]:
+    def run(self, job: JobSpec, plan: Plan, *, prefix: bool = False, reuse: bool = False) -> tuple[RunRecord, Verdict]:
         """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's checkpoint
-        before its first fault where it can (training/prefix.py), and from step 0 again if that fails."""
+        before its first fault where it can (training/prefix.py), and from step 0 again if that fails;
+        ``reuse``: a plan this session's searches already passed on the job is not run again."""
+        if reuse and (ran := self._passed.get((job.key(), str(plan)))) is not None:
+            return replace(ran[0], reused=True), ran[1]
         start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
         record, verdict = self._judged(job, plan, start)
+        if verdict.passed and reuse:
+            self._passed[(job.key(), str(plan))] = (record, verdict)
         if not verdict.passed:  # no more prefixes for the job: the search shrinks from step 0, as it always did
             if start is not None:
                 self.discard(record)
@@ -386,3 +376,20 @@ class SessionCore:
             self.discard(reference)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             self.workdir.rmdir()
+
+
+def _audit(core: SessionCore, job: JobSpec, reference: RunRecord) -> Audit:
+    """The job's other uninterrupted runs, compared with the reference: its own noise."""
+    runs = [reference]
+    spread: dict[str, list[float]] = {}
+    for index in range(2, job.uninterrupted_runs + 1):
+        record = core.execute(job, Plan(), core.next_dir(f"{job.name}-uninterrupted-{index}"))
+        runs.append(record)
+        for name, distance in weights_distance(job, reference, record).items():
+            spread[name] = [max(a, b) for a, b in zip(spread.get(name, [0.0, 0.0]), distance, strict=True)]
+        core.discard(record)
+    result = audit_runs(runs, spread)
+    log.info("job %s: %s", job.name, result.text())
+    # for the report: whether the job is bit-reproducible, the mode it is judged in, its envelope
+    reference.audit = {**result.to_dict(), "exactness": job.exactness, "envelope_factor": job.envelope_factor}
+    return result

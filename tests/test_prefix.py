@@ -85,6 +85,13 @@ def test_a_search_starts_its_first_plan_from_step_0_and_credits_the_rest_to_the_
     assert cost["prefix_runs"] == sum(step is not None for step in starts)
     assert cost["prefix_steps"] == sum(step + 1 for step in starts if step is not None)
     assert "from the reference's checkpoints" in cost_line(job.name, cost)
+    # another scenario of the session drawing the same plans on the same job: their verdicts, not new runs
+    again = ScenarioRecord(scenario="prefix-again", job=job.name, seed=3)
+    with again:
+        explore(session, job, lambda steps: plans, settings=ExploreSettings(max_examples=3, seed=3))
+    assert [r["plan"] for r in again.runs] == [r["plan"] for r in record.runs]
+    assert all(r["reused"] for r in again.runs) and not any(r["reused"] for r in record.runs)
+    assert not again.cost.get("runs")  # nothing ran: nothing to pay
 
 
 def test_a_broken_job_fails_from_step_0_with_its_own_message_and_takes_no_more_prefixes(session):
@@ -101,7 +108,7 @@ def test_a_broken_job_fails_from_step_0_with_its_own_message_and_takes_no_more_p
 def test_a_checkpoint_that_names_the_references_folder_makes_the_job_refuse_prefixes(session):
     job = trainer("reference_trainer", "--latest-absolute", name="absolute-latest")
     snapshots = session.reference(job).snapshots
-    assert snapshots["steps"] == [] and "names the reference run's own folder" in snapshots["refused"]
+    assert snapshots["steps"] == [] and "names a path inside the reference run's own folder" in snapshots["refused"]
     assert "latest" in snapshots["refused"]
     run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
     assert verdict.passed and run.prefix_step is None

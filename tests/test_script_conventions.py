@@ -238,7 +238,7 @@ def test_a_failure_that_did_not_replay_shows_spotchaos_message_not_hypothesis_gr
 
     calls = []
 
-    def flaky_check(core, job, plan, record, ran=None, *, prefix=False):  # families.preemption.check's
+    def flaky_check(core, job, plan, record, ran=None, **_):  # families.preemption.check's
         calls.append(plan)
         if len(calls) == 1:
             raise ChaosFailure(job.name, plan, _failed_verdict(), "/tmp/kept")

@@ -4,6 +4,8 @@ the same order, the same verdicts, the same minimal failing plan."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from spotchaos.config.jobs import JobSpec, Settings
@@ -36,9 +38,12 @@ def search(runner, job: JobSpec, parallel: int, examples: int) -> tuple[Scenario
 def test_plans_run_two_at_a_time_and_the_search_decides_as_it_would_one_at_a_time(runner):
     job = trainer("reference_trainer")
     serial, _ = search(runner, job, parallel=1, examples=2)
-    parallel, _ = search(runner, job, parallel=2, examples=2)
+    # the same trainer under another key: a search of the session would reuse the serial one's passes
+    twin = replace(job, name="reference-trainer-twin", env=(("TWIN", "1"),))
+    parallel, _ = search(runner, twin, parallel=2, examples=2)
     assert [(r["plan"], r["passed"]) for r in parallel.runs] == [(r["plan"], r["passed"]) for r in serial.runs]
     assert len(serial.runs) == 2 and serial.passed and parallel.passed
+    assert not any(r["reused"] for r in [*serial.runs, *parallel.runs])
     figures = parallel.figures["parallel"]
     assert figures["workers"] == 2 and figures["plans_run_ahead"] == 2 and figures["max_concurrent"] == 2
     assert "parallel" not in serial.figures

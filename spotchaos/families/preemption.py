@@ -33,15 +33,17 @@ def check(
     ran: tuple[RunRecord, Verdict] | None = None,
     *,
     prefix: bool = False,
+    reuse: bool = False,
 ) -> Verdict:
     """Run one plan (a :class:`Plan` or ``"sigterm@5,sigkill@12"``); raise :class:`ChaosFailure`
     unless every verdict holds. ``ran``: the plan's run and verdict, already made (a plan run
     ahead of the search, in parallel), judged and recorded as if run now. ``prefix``: it may start
-    from the reference's checkpoint before its first fault (the search's plans after its first)."""
+    from the reference's checkpoint before its first fault (the search's plans after its first);
+    ``reuse``: a plan another search of the session passed on this job is not run again."""
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
     if not plan.preemptions:
         raise ConfigError(f"job {job.name!r}: an empty plan preempts nothing; give at least one FAULT@STEP")
-    run, verdict = ran if ran is not None else core.run(job, plan, prefix=prefix)
+    run, verdict = ran if ran is not None else core.run(job, plan, prefix=prefix, reuse=reuse)
     skipped = [a.damage for a in run.attempts if a.damage is not None and not a.damage.applied]
     if skipped:
         raise DamageNotApplied(

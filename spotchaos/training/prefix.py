@@ -126,16 +126,18 @@ class Snapshots:
         self.used += size
 
     def check_names(self, reference_folder: Path) -> None:
-        """Refuse every prefix of a job whose checkpoint names the reference's own folder (an
-        absolute path inside it: a ``latest`` pointer, say): a run started from the copy would
-        read the reference's files, not its own."""
-        needle = os.fsencode(str(reference_folder))
+        """Refuse every prefix of a job whose checkpoint names a path inside the reference's own
+        folder (an absolute ``latest`` pointer, say): a run started from the copy would read the
+        reference's files, not its own. The folder's own name alone is no such path (transformers'
+        ``training_args.bin`` keeps its ``output_dir``; no resume reads another run's files by it)."""
+        needle = os.fsencode(os.path.join(reference_folder, ""))
         for step, snapshot in sorted(self.taken.items()):
             for file in regular_files(snapshot):
                 if needle in read_bounded(file, SCAN_BYTES):
                     self.refused = (
-                        f"its checkpoint after step {step} ({file.relative_to(snapshot)}) names the reference run's "
-                        f"own folder {reference_folder}: a run started from a copy would read another run's files"
+                        f"its checkpoint after step {step} ({file.relative_to(snapshot)}) names a path inside the "
+                        f"reference run's own folder {reference_folder}: a run started from a copy would read another "
+                        "run's files"
                     )
                     self.drop()
                     return

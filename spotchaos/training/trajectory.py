@@ -127,6 +127,7 @@ class RunRecord:
     prefix_step: int | None = None
     # the reference's: the copies of its checkpoint folder later plans may start from
     snapshots: dict[str, Any] | None = None
+    reused: bool = False  # the session had run this plan on this job already (another scenario): its verdict, again
 
     @property
     def trained(self) -> list[Attempt]:
