@@ -163,13 +163,17 @@ def test_a_copy_is_kept_only_within_the_budget_and_only_of_a_folder_that_held_st
         assert sorted(snapshots.taken) == [3] and snapshots.used == 607
         copy = snapshots.taken[3]
         assert (copy / "ckpt-3" / "model.pt").read_bytes() == b"x" * 600 and (copy / "latest").read_text() == "ckpt-3\n"
-        snapshots.take({"event": "checkpoint", "step": 5, "t": time.time()}, folder, hold)  # never announced
-        assert snapshots.skipped == {5: "the job did not hold after it"}
         (folder / "ckpt-7").mkdir()
         (folder / "ckpt-7" / "model.pt").write_bytes(b"y" * 600)
         snapshots.take(held_checkpoint(hold, 7), folder, hold)  # 1207 bytes of copies in all: over 1000
         assert 7 not in snapshots.taken and "over snapshot_budget (1000 bytes)" in snapshots.refused
         assert "\n" not in snapshots.refused  # one line on the report
+        unheld = open_snapshots(tmp_path / "unheld", budget=1 << 20)  # events written without the probe
+        unheld.take({"event": "checkpoint", "step": 5, "t": time.time() + 1}, folder, hold)
+        assert not unheld.taken and "did not hold after its checkpoint after step 5" in unheld.refused
+        started = time.monotonic()
+        unheld.take(held_checkpoint(hold, 9), folder, hold)  # not waited for again, nor copied
+        assert not unheld.taken and time.monotonic() - started < 1
         newer = {**held_checkpoint(hold, 9), "t": time.time() - 60}  # a file in the folder is newer than the event
         fresh = open_snapshots(tmp_path / "again", budget=1 << 20)
         fresh.take(newer, folder, hold)

@@ -89,8 +89,11 @@ class Snapshots:
             if isinstance(step, int) and self.refused is None:
                 if hold.held_at(step, HELD_WITHIN_SECONDS):
                     self._copy(step, event, checkpoints)
-                else:
-                    self.skipped[step] = "the job did not hold after it"
+                else:  # its events come without the probe (or an older one): no later checkpoint is waited for
+                    self.refused = (
+                        f"the job did not hold after its checkpoint after step {step} (its events are not written by "
+                        "this version's spotchaos.probe): no copy of its checkpoints is consistent"
+                    )
         finally:
             hold.release()  # one byte a checkpoint: the job goes on whether or not it was copied
 
