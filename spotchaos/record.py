@@ -130,8 +130,9 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     attempts = sum(a.wall_seconds for a in trained)
     cost["runs"] += 1
     cost["starts"] += len({a.launch if a.launch is not None else a.index for a in trained})
-    cost["steps"] += sum(len(a.steps) for a in trained)
-    cost["prefix_steps"] = cost.get("prefix_steps", 0) + len(run.steps) - sum(len(a.steps) for a in trained)
+    steps = sum(len(a.steps) for a in trained)
+    cost["steps"] += steps
+    cost["prefix_steps"] = cost.get("prefix_steps", 0) + len(run.steps) - steps
     cost["prefix_runs"] = cost.get("prefix_runs", 0) + (run.prefix_step is not None)
     cost["reference_steps"] = reference_steps if reference_steps else cost["reference_steps"]
     cost["startup_seconds"] = round(cost["startup_seconds"] + startup, 3)

@@ -33,11 +33,11 @@ from ..config.jobs import JobSpec
 from ..faults.plan import Plan
 from ..safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
 from .engine.hold import CheckpointHold
+from .state.diff import MTIME_SLACK_NS
 from .trajectory import Attempt, RunRecord
 
 SNAPSHOTS_SUFFIX = ".snapshots"
 HELD_WITHIN_SECONDS = 2.0  # the job announces its hold right after the event the harness read
-MTIME_SLACK_NS = 50_000_000  # file times are coarser than time.time(): a file saved just before its event
 SCAN_BYTES = 64 << 20  # of each snapshot file, what is searched for the reference's own folder
 BUDGET_SHARE_OF_FREE_DISK = 4  # the default snapshot budget: a quarter of the free disk
 

@@ -43,6 +43,12 @@ ENV_HOLD_PROBE = "SPOTCHAOS_HOLD_PROBE"  # the probe's file: the hook waits with
 PROBE_FILE = Path(__file__).resolve().parents[2] / "probe.py"  # spotchaos/probe.py
 
 
+def announced_step(line: bytes) -> int | None:
+    """The step of one ``STEP PID`` announcement, or None for anything else the job wrote there."""
+    first = line.split(b" ", 1)[0]
+    return int(first) if first.isdigit() and len(first) < 12 else None
+
+
 class Hold:
     """One attempt's hold at step ``at`` (0-based), owned from before the launch to the cleanup."""
 
@@ -96,9 +102,8 @@ class Hold:
         if self.held_step is None and self._fds:
             with contextlib.suppress(BlockingIOError, OSError):
                 said = os.read(self._held, ANNOUNCE_BYTES)
-                first = said.split(b"\n", 1)[0].split(b" ", 1)[0]
-                if first.isdigit() and len(first) < 12:
-                    self.held_step = int(first)
+                self.held_step = announced_step(said.split(b"\n", 1)[0])
+                if self.held_step is not None:
                     self.held_wall = time.time()
         return self.held_step
 
@@ -140,10 +145,8 @@ class CheckpointHold(Hold):
             with contextlib.suppress(BlockingIOError, OSError):
                 self._said = (self._said + os.read(self._held, ANNOUNCE_BYTES))[-ANNOUNCE_BYTES:]
             *lines, self._said = self._said.split(b"\n")
-            for line in lines:
-                first = line.split(b" ", 1)[0]
-                if first.isdigit() and len(first) < 12 and int(first) == step:
-                    return True
+            if any(announced_step(line) == step for line in lines):
+                return True
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.002)
