@@ -48,16 +48,21 @@ def session(tmp_path_factory) -> ChaosRunner:
 def test_a_plan_after_a_checkpoint_resumes_from_the_references_copy_and_is_judged_like_any_resume(session):
     job = trainer()
     reference = session.reference(job)
-    assert reference.snapshots["steps"] == [3, 7, 11, 15] and reference.snapshots["refused"] is None
+    snapshots = reference.snapshots
+    # each checkpoint copied, or skipped with the reason (the trainer deletes rotated checkpoints in a
+    # background thread: on a loaded machine that may change the folder while it is copied)
+    assert sorted([*snapshots["steps"], *map(int, snapshots["skipped"])]) == [3, 7, 11, 15], snapshots
+    assert snapshots["refused"] is None and snapshots["steps"], snapshots
+    start = max(step for step in snapshots["steps"] if step < 13)
     run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
     assert verdict.passed, verdict.message()
-    assert run.prefix_step == 11
+    assert run.prefix_step == start
     prefix, resumed, *_ = run.attempts
     assert prefix.start_kind == "prefix" and prefix.exit_code is None and prefix.wall_seconds == 0
-    assert [s.step for s in prefix.steps] == list(range(12))
-    assert [(s.step, s.loss) for s in prefix.steps] == [(s.step, s.loss) for s in reference.steps[:12]]
-    assert resumed.of_kind("resume")[0]["from_step"] == 11  # a real resume, of the copy in the run's own folder
-    assert resumed.steps[0].step == 12 and resumed.fault is not None and resumed.fault.fault == "sigkill"
+    assert [s.step for s in prefix.steps] == list(range(start + 1))
+    assert [(s.step, s.loss) for s in prefix.steps] == [(s.step, s.loss) for s in reference.steps[: start + 1]]
+    assert resumed.of_kind("resume")[0]["from_step"] == start  # a real resume, of the copy in the run's own folder
+    assert resumed.steps[0].step == start + 1 and resumed.fault is not None and resumed.fault.fault == "sigkill"
     copied = [e["uri"] for e in prefix.of_kind("checkpoint")]
     assert copied and all(uri.startswith(Path(run.workdir, "checkpoints").as_uri()) for uri in copied)
 
@@ -133,8 +138,9 @@ def test_a_failing_prefix_run_is_judged_from_step_0_and_ends_the_jobs_prefixes(s
     verdict counts, and the job takes no more prefixes, with the reason on the report."""
     job = trainer("reference_trainer", "--seed", "9", name="spoiled-copy")
     reference = session.reference(job)
-    snapshot = Path(reference.workdir + ".snapshots") / "s11"
-    newest = max(snapshot.glob("ckpt-*"))  # the copy loses its checkpoint after step 11: a resume goes back to 7
+    start = max(step for step in reference.snapshots["steps"] if step < 13)  # 11, unless a load skipped its copy
+    snapshot = Path(reference.workdir + ".snapshots") / f"s{start}"
+    newest = max(snapshot.glob("ckpt-*"))  # the copy loses its newest checkpoint: a resume goes back further
     shutil.rmtree(newest)
     run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
     assert verdict.passed and run.prefix_step is None, verdict.message()
