@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..safety.safefs import NotPrivate, private_dir
-from .processes import carries, describe, end, end_marked, group_members, holding, is_mine, is_running, start_time
+from .processes import carries, end, group_members, is_mine, is_running, start_time, sweep
 
 LIVE_DIR_VARIABLE = "SPOTCHAOS_LIVE_DIR"  # where the entries live (tests point it elsewhere)
 MARKER_VARIABLE = "SPOTCHAOS_RUN_ID"
@@ -87,16 +87,17 @@ def _end_entry(entry: dict[str, Any], owner: str) -> list[str]:
         members = [member for member in group_members(pid) if is_mine(member)]
         end(members)
         ended += [f"job process group {pid} ({len(members)} process(es)) of run {run_id}, left by {owner}"]
-    if run_id:  # everything else that carries the run's marker: group members, and what escaped with setsid
-        ended += [f"{what} of run {run_id}, left by {owner}" for what in end_marked(marker)]
+    scratch = entry.get("scratch")
+    scratch = Path(scratch) if isinstance(scratch, str) and _is_scratch(Path(scratch)) else None
+    # everything else of the run: what carries its marker (group members, what escaped with setsid),
+    # what holds its scratch folder open (a daemon that lost the marker), and what runs under either
+    if run_id or scratch:
+        swept = sweep(marker if run_id else None, scratch)
+        ended += [f"{what} of run {run_id or scratch}, left by {owner}" for what in swept.values()]
     container = entry.get("container")
     if isinstance(container, str) and container:
         ended += _remove_container(container, owner)
-    scratch = entry.get("scratch")
-    if isinstance(scratch, str) and _is_scratch(Path(scratch)):
-        for pid in holding(Path(scratch)):  # still at work in it: a daemon without the marker
-            ended.append(f"{describe(pid)}, holding {scratch} open, left by {owner}")
-            end([pid])
+    if scratch is not None:
         shutil.rmtree(scratch, ignore_errors=True)  # fd-based: links inside are removed, never followed
         ended.append(f"temporary folder {scratch}, left by {owner}")
     return ended

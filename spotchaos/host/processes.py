@@ -139,9 +139,13 @@ def holding(folder: Path) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            targets = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+            descriptors = list((entry / "fd").iterdir())
         except OSError:
             continue
+        targets = []
+        for fd in descriptors:  # one closed while read is skipped, not the whole process
+            with contextlib.suppress(OSError):
+                targets.append(os.readlink(fd))
         if any(target.startswith(prefix) for target in targets) and start_time(int(entry.name)) is not None:
             found.append(int(entry.name))
     return found
@@ -178,13 +182,44 @@ def kill_group_until_gone(handle: Any, seconds: float = 10.0) -> None:
             )
 
 
-def end_marked(marker: str) -> list[str]:
-    """End every process carrying ``marker`` (a job's processes that escaped their group) and
-    describe each, for the report's warning."""
-    found = carrying(marker)
-    described = [describe(pid) for pid in found]
-    end(found)
-    return described
+def _below(roots: Iterable[int]) -> list[int]:
+    """``roots`` and every live process under them, from one reading of ``/proc``."""
+    kids: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        fields = _stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None and len(fields) > 2 and fields[0] != "Z":
+            kids.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(kids.get(pid, ()))
+    return sorted(found)
+
+
+def sweep(marker: str | None, folder: Path | None = None, seconds: float = 10.0) -> dict[int, str]:
+    """SIGKILL every live process of this user that carries ``marker`` or holds a file under
+    ``folder`` open, and everything under each, pass after pass until a pass finds none (or
+    ``seconds`` pass); each ended pid with its description, taken before its kill.
+
+    One pass is not enough: a process forks between the scan and the kill, and a process that
+    rewrote its title (Ray's agents, through ``setproctitle``) no longer shows its environment, so
+    only its parent, or the folder it writes to, names it; a child of a process proven the run's
+    own is the run's own."""
+    if not PROC.is_dir() or not (marker or folder):
+        return {}
+    ended: dict[int, str] = {}
+    deadline = time.monotonic() + seconds
+    while True:
+        proven = set(carrying(marker) if marker else ()) | set(holding(folder) if folder else ())
+        live = [pid for pid in _below(proven) if pid != os.getpid() and is_mine(pid) and start_time(pid) is not None]
+        if not live or time.monotonic() > deadline:
+            return ended
+        for pid in live:
+            ended.setdefault(pid, describe(pid))
+        end(live)
+        time.sleep(0.05)
 
 
 def become_subreaper() -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 from ...errors import BackendError
 from ...host.leftovers import MARKER_VARIABLE, LiveJobs
 from ...host.ports import free_port
-from ...host.processes import carrying, descendants, describe, end, holding, start_time
+from ...host.processes import descendants, describe, end, start_time, sweep
 
 # every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
 # closed port on 127.0.0.1 and fails)
@@ -407,11 +407,10 @@ class LocalRayCluster(RayCluster):
                 starter.wait(timeout=max(0.1, deadline - time.monotonic()))
         everything += [pid for starter in self._starters.values() for pid in descendants(starter.pid)]
         end(everything)  # what shutdown left (a worker process, a stuck raylet)
-        everything += end_marked_pids(f"{MARKER_VARIABLE}={self._marker}") if self._marker else []
-        if self._temp_dir is not None:  # an agent a dead raylet left, without the marker, holds its logs open
-            stragglers = holding(Path(self._temp_dir))
-            end(stragglers)
-            everything += stragglers
+        # what left the nodes' trees: by the cluster's marker, or, for an agent whose title hides
+        # its environment, by the logs it holds open in the cluster's folder
+        marker = f"{MARKER_VARIABLE}={self._marker}" if self._marker else None
+        everything += list(sweep(marker, Path(self._temp_dir) if self._temp_dir else None))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and [p for p in everything if start_time(p) is not None]:
             _reap(everything)
@@ -427,13 +426,6 @@ class LocalRayCluster(RayCluster):
         self._live.discard(self._live_entry)
         if left:
             raise BackendError(f"Ray processes survived the cluster's shutdown: {', '.join(left)}")
-
-
-def end_marked_pids(marker: str) -> list[int]:
-    """SIGKILL every process carrying ``marker`` (one that left the node's tree); their pids."""
-    found = carrying(marker)
-    end(found)
-    return found
 
 
 def _reap(pids: list[int]) -> None:
