@@ -135,6 +135,21 @@ def test_a_preload_that_fails_or_leaves_a_thread_running_means_cold_with_the_rea
             )
 
 
+def test_an_optional_preload_that_does_not_import_is_left_to_the_attempt_and_the_start_stays_warm(folder):
+    """The default preload names torch's compiler stack as optional: on a Python or a torch where it
+    is missing or fails to import, the interpreter goes on without it, as a cold start would."""
+    (folder / "breaks.py").write_text("raise RuntimeError('not on this Python')\n")
+    base = _base(PYTHONPATH=str(folder))
+    with WarmStarts(live=LiveJobs(folder / "live")) as pool, open(folder / "o", "w") as out:
+        preload = ("json", "?breaks", "?no_such_package.sub")
+        argv, fds = (sys.executable, "who.py", "0"), (out.fileno(), out.fileno())
+        handle = pool.start(argv, {**base, "SPOTCHAOS_RUN_ID": "f" * 12}, base, folder, preload, *fds)
+        assert handle.start_kind == "warm" and handle.wait(60) == 0
+        handle.cleanup()
+        with pytest.raises(ColdStart, match=r"preloading 'breaks' failed: RuntimeError: not on this Python"):
+            pool.start(argv, {**base, "SPOTCHAOS_RUN_ID": "g" * 12}, base, folder, ("breaks",), *fds)
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize(
     "argv, env, reason",

@@ -38,7 +38,10 @@ from ..processes import group_members, is_running, kill_group_until_gone, own_le
 ZYGOTE_FILE = Path(__file__).with_name("zygote.py")
 READY_TIMEOUT_SECONDS = 300.0  # importing torch on a loaded 2-core machine takes tens of seconds
 # variables Python or a preloaded library reads while starting: an attempt that changes one starts cold
-START_READ = re.compile(r"^(PYTHON|LD_|OMP_|MKL_|KMP_|OPENBLAS_|GOMP_|MALLOC_|GLIBC_|TORCH_|LC_|LANG$)")
+START_READ = re.compile(
+    r"^(PYTHON|LD_|OMP_|MKL_|KMP_|OPENBLAS_|GOMP_|MALLOC_|GLIBC_|TORCH|LC_|LANG$"
+    r"|HF_|TRANSFORMERS_|TOKENIZERS_|PL_|LIGHTNING_|ACCELERATE_)"  # the frameworks' own, read on import
+)
 SAFE_FLAGS = {"-u", "-B", "-O", "-OO", "-q", "-b", "-bb"}
 PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?$")
 

@@ -47,14 +47,15 @@ def _threads() -> int:
 
 
 def _preload(names: list) -> str:
-    """Import what the job declared (``?name``: only if installed); the reason a fork would be
-    unsafe, or ''."""
+    """Import what the job declared (``?name``: only if it imports here: missing, or failing on this
+    Python or this version of its package, it is left to the attempt, as a cold start would); the
+    reason a fork would be unsafe, or ''."""
     for name in names:
         optional, name = name.startswith("?"), name.lstrip("?")
         try:
             importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if not (optional and exc.name == name):
+        except Exception as exc:
+            if not optional:
                 return f"preloading {name!r} failed: {type(exc).__name__}: {exc}"[:300]
         except BaseException as exc:
             return f"preloading {name!r} failed: {type(exc).__name__}: {exc}"[:300]
