@@ -61,9 +61,21 @@ def _os_name() -> str:
 
 
 def _packages_digest() -> tuple[str, int]:
-    """One hash of every installed distribution and its version: equal hashes, equal environments."""
-    names = sorted(f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in importlib.metadata.distributions())
-    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16], len(names)
+    """One hash of every installed distribution and its version: equal hashes, equal environments.
+    Read from the names of the ``name-version.dist-info`` folders on the path, which is where
+    ``importlib.metadata`` finds them too, without parsing each one's metadata (0.17 s a session)."""
+    names: set[str] = set()
+    for entry in sys.path:
+        try:
+            listing = os.scandir(entry or ".")
+        except OSError:
+            continue
+        with listing:
+            for child in listing:
+                stem, _, kind = child.name.rpartition(".")
+                if kind in ("dist-info", "egg-info"):
+                    names.add(stem.lower())
+    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16], len(names)
 
 
 def environment(root: Path) -> dict[str, Any]:
