@@ -94,6 +94,24 @@ def test_a_forked_attempt_is_the_script_as_python_runs_it_with_its_own_marker_an
         assert seen[0]["random"] != seen[1]["random"], "each child must seed its own random state"
 
 
+def test_a_module_run_with_dash_m_is_forked_as_python_runs_it(folder):
+    """``python -m module`` (torchrun's agent is ``python -m torch.distributed.run``): the module as
+    ``__main__`` with its file as argv[0] and the working folder first on the path, as Python does."""
+    cold = subprocess.run(
+        [sys.executable, "-m", "who", "0", "x"], cwd=folder, capture_output=True, text=True, check=True,
+        env={**_base(), "SPOTCHAOS_RUN_ID": "h" * 12},
+    )  # fmt: skip
+    with WarmStarts(live=LiveJobs(folder / "live")) as pool, open(folder / "m.out", "w") as out:
+        env = {**_base(), "SPOTCHAOS_RUN_ID": "i" * 12}
+        handle = pool.start((sys.executable, "-m", "who", "0", "x"), env, _base(), folder, ("json",), out.fileno(), 2)
+        assert handle.start_kind == "warm" and handle.wait(60) == 0
+        handle.cleanup()
+    warm, expected = json.loads((folder / "m.out").read_text()), json.loads(cold.stdout)
+    for key in ("argv", "cwd", "path0", "name"):
+        assert warm[key] == expected[key], (key, warm[key], expected[key])
+    assert warm["argv"] == [str(folder / "who.py"), "0", "x"] and warm["name"] == "__main__"
+
+
 def test_a_warm_attempts_error_signal_and_marker_are_a_cold_ones(folder):
     with WarmStarts(live=LiveJobs(folder / "live")) as pool:
         handle, _, err = _fork(pool, folder, "raise", "aaaaaaaaaaaa")
@@ -155,7 +173,7 @@ def test_an_optional_preload_that_does_not_import_is_left_to_the_attempt_and_the
     "argv, env, reason",
     [
         (("bash", "who.py"), {}, r"not a Python command \(bash\)"),
-        (("python3", "-m", "who"), {}, r"the interpreter flag -m"),
+        (("python3", "-m", "who;rm"), {}, r"the interpreter flag -m"),
         (("python3", "-c", "pass"), {}, r"the interpreter flag -c"),
         (("python3", "missing.py"), {}, r"missing.py is not a file"),
         (("python3", "who.py"), {"LD_PRELOAD": "/x.so"}, r"the attempt sets LD_PRELOAD, read when Python starts"),

@@ -44,6 +44,7 @@ START_READ = re.compile(
 )
 SAFE_FLAGS = {"-u", "-B", "-O", "-OO", "-q", "-b", "-bb"}
 PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?$")
+MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 class ColdStart(Exception):
@@ -65,19 +66,22 @@ def plan_launch(
     """The zygote and request for ``argv``, or :class:`ColdStart` naming why it cannot be warm."""
     if not argv or not PYTHON_NAME.match(os.path.basename(argv[0])):
         raise ColdStart(f"not a Python command ({os.path.basename(argv[0]) if argv else 'empty'})")
-    index = 1
+    index, module = 1, None
     while index < len(argv) and argv[index].startswith("-"):
         flag = argv[index]
         if flag in SAFE_FLAGS or (flag.startswith(("-W", "-X")) and len(flag) > 2):
             index += 1
         elif flag in ("-W", "-X") and index + 1 < len(argv):
             index += 2
+        elif flag == "-m" and index + 1 < len(argv) and MODULE_NAME.match(argv[index + 1]):
+            module = argv[index + 1]  # what follows is the module's own argv, as Python reads it
+            break
         else:
-            raise ColdStart(f"the interpreter flag {flag} (only a script run by Python starts warm)")
+            raise ColdStart(f"the interpreter flag {flag} (only a script or a module run by Python starts warm)")
     if index >= len(argv):
         raise ColdStart("no script to run")
     script = argv[index]
-    if not (cwd / script).is_file():
+    if module is None and not (cwd / script).is_file():
         raise ColdStart(f"{script} is not a file")
     changed = sorted(k for k in {*env, *start_env} if env.get(k) != start_env.get(k))
     early = [k for k in changed if START_READ.match(k) and k != "PYTHONPATH"]
@@ -90,7 +94,8 @@ def plan_launch(
     # checkpoints in its confinement share one interpreter
     key = (tuple(argv[:index]), tuple(sorted(start_env.items())), preload)
     request = {
-        "argv": list(argv[index:]),
+        "argv": list(argv[index + 2 :]) if module else list(argv[index:]),
+        "module": module,
         "cwd": str(cwd),
         "env": dict(env),
         "path_prepend": prepend,

@@ -106,9 +106,12 @@ def _become(request: dict, fds: list) -> None:
     _overwrite_marker(request["env"][MARKER])
     os.environ.clear()
     os.environ.update(request["env"])
-    script = request["argv"][0]
-    sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    if request.get("module"):  # ``python -m module``: the working folder first on the path, argv[0] set by runpy
+        sys.argv = ["-m", *request["argv"]]
+        sys.path[0] = os.getcwd()
+    else:
+        sys.argv = list(request["argv"])
+        sys.path[0] = os.path.dirname(os.path.realpath(sys.argv[0]))
     sys.path[1:1] = [p for p in request.get("path_prepend", []) if p not in sys.path]
     import tempfile
 
@@ -202,7 +205,10 @@ def main() -> None:
     _become(request, fds)
     import runpy
 
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    if request.get("module"):
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 if __name__ == "__main__":

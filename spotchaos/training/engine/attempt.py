@@ -176,14 +176,16 @@ class AttemptRun:
         return env
 
     def _may_start_warm(self) -> bool:
-        """A local Python job's attempt, in a session that keeps warm interpreters (the reference
-        run starts cold: its string-hash seed and imports are a fresh process's, as in production)."""
+        """A local Python job's attempt, or torchrun's agents of a local multi-rank one (``python
+        -m torch.distributed.run``: its ranks are its own processes, started cold), in a session
+        that keeps warm interpreters (the reference run starts cold: its string-hash seed and
+        imports are a fresh process's, as in production)."""
         job = self.job
         return (
             self.options.warm is not None
             and job.warm
             and job.container is None
-            and job.launcher == "python"
+            and job.launcher in ("python", "torchrun")
             and self.backend.name == "subprocess"
         )
 

@@ -124,6 +124,15 @@ class TorchrunHandle(RankedHandle):
 
     # --- Handle -----------------------------------------------------------------------------------
     @property
+    def start_kind(self) -> str:
+        """Cold, always, for the report's start-up figures: the ranks are the agents' own processes,
+        each a fresh ``import torch``; the agents themselves fork warm where they can."""
+        kinds = {getattr(node.handle, "start_kind", "cold") for node in self.nodes}
+        if kinds == {"warm"}:
+            return "cold: torchrun starts its ranks (its agents were forked warm)"
+        return min(kind for kind in kinds if kind != "warm")
+
+    @property
     def placement(self) -> dict | None:
         """Where each torchrun node ran, on a cluster backend (the Ray node of each agent)."""
         placed = [getattr(node.handle, "placement", None) for node in self.nodes]
