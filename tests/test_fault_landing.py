@@ -159,6 +159,23 @@ def test_a_hold_never_outlasts_its_limit_nor_the_harness(tmp_path):
         child.kill()
 
 
+def test_a_job_that_announces_its_hold_after_the_release_was_still_held(tmp_path):
+    """The race a loaded machine showed (CI, aws-notice@5 on millisecond steps): the harness sees
+    the step, delivers the notice and releases before the job announces; the job then announces,
+    finds its release waiting and goes on. It went on only after the fault: held, and the
+    landing, settled once the attempt's resources are closed, says so."""
+    hold = Hold(tmp_path / "hold", 7)
+    hold.release()  # nothing announced yet
+    assert hold.held_step is None
+    child = _child(hold.folder, 30)
+    try:
+        assert child.wait(20) == 0 and "past 7" in child.stdout.read()
+    finally:
+        child.kill()
+    hold.close()
+    assert hold.held_step == 7
+
+
 @pytest.mark.unit
 def test_a_hold_is_armed_only_for_its_rank_and_the_first_run_of_a_worker_group(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV_HOLD_AT, "5")

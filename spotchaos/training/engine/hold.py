@@ -119,6 +119,10 @@ class Hold:
             self.released_wall = time.time()
 
     def close(self) -> None:
+        """Read an announcement still unread first: a job whose fault was delivered (and the hold
+        released) just before it announced was held all the same, and the landing is settled
+        after the attempt's resources are closed."""
+        self.poll()
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
