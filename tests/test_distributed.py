@@ -112,6 +112,7 @@ def test_whole_bucket_allreduce_from_3_ranks_is_named(runner):
         runner.check(ddp_job("broken_ddp_bucket_allreduce", nproc_per_node=3), "sigterm@11")
 
 
+@pytest.mark.full  # 68 s of waiting on 2 cores; CI names the same kill under a 4-s --shutdown-timeout (docs/ci.md)
 def test_the_30_second_trap_is_named_when_the_grace_is_longer(runner):
     """AWS gives 120 s; torchrun's agent SIGKILLs its workers 30 s after forwarding the notice, and
     this job's emergency checkpoint takes 40 s."""
@@ -120,6 +121,20 @@ def test_the_30_second_trap_is_named_when_the_grace_is_longer(runner):
     with pytest.raises(ChaosFailure, match="the 30-second trap: torchrun's agent SIGKILLed the ranks 30 s after") as e:
         runner.check(job, "sigterm@6")
     assert "although the provider's grace is 120 s" in str(e.value)
+    assert "launch with --shutdown-timeout=120" in str(e.value)
+
+
+def test_the_agents_shutdown_timeout_is_the_one_the_job_declares(runner):
+    """torchrun --shutdown-timeout=4 (declared as the production launch would pass it): the agent
+    SIGKILLs the ranks 4 s after the notice, and an 8-s emergency save under a 12-s grace is named
+    as the agent's kill, with the flag to raise."""
+    job = ddp_job(grace_seconds=12, provider=None, shutdown_timeout_seconds=4)
+    job = replace(job, command=(*job.command, "--notice-save-seconds", "8"), name="ddp-short-shutdown")
+    with pytest.raises(ChaosFailure, match="torchrun's agent SIGKILLed the ranks 4 s after forwarding sigterm") as e:
+        runner.check(job, "sigterm@6")
+    text = str(e.value)
+    assert "30-second trap" not in text and "launch with --shutdown-timeout=12" in text, text
+    assert not no_process_left(runner)
 
 
 def test_a_reshard_to_the_same_or_no_ranks_is_refused(runner):
@@ -171,6 +186,8 @@ def test_a_rank_that_never_joins_is_one_clear_error(runner, script):
         ({"launcher": "torchrun", "nproc_per_node": 0}, "nproc_per_node: must be an integer from 1 to 64"),
         ({"launcher": "torchrun", "rdzv_port": 80}, "rdzv_port: must be a port from 1024 to 65535"),
         ({"launcher": "torchrun", "image": "x"}, "torchrun jobs run as local processes for now"),
+        ({"launcher": "torchrun", "shutdown_timeout_seconds": 2.5}, "must be a whole number of seconds from 0"),
+        ({"shutdown_timeout_seconds": 60}, "is torchrun's --shutdown-timeout; it needs launcher"),
     ],
 )
 def test_bad_launcher_settings_name_the_key(table, message):
@@ -186,6 +203,20 @@ def test_the_agent_command_stays_on_loopback():
     argv = agent_argv(job, job.argv(resume=False), node=1, port=29555, run_id="abc")
     assert "--rdzv-endpoint=127.0.0.1:29555" in argv and "--local-addr=127.0.0.1" in argv
     assert "--rdzv-conf=is_host=0" in argv and argv[-1] == "t.py" and "--nnodes=2" in argv
+    assert not any(a.startswith("--shutdown-timeout") for a in argv)  # torchrun's own default, as the user's launch
+
+
+@pytest.mark.unit
+def test_the_agents_shutdown_timeout_comes_from_the_job_then_its_environment_then_torchrun():
+    from spotchaos.training.multirank.torchrun import agent_argv, shutdown_seconds
+
+    job = JobSpec(name="j", command=("python", "t.py"), launcher="torchrun", nproc_per_node=2)
+    assert shutdown_seconds(job, {}) == 30 and shutdown_seconds(job, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}) == 90
+    assert shutdown_seconds(job, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}) == 30
+    declared = replace(job, shutdown_timeout_seconds=120)
+    assert shutdown_seconds(declared, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}) == 120
+    argv = agent_argv(declared, declared.argv(resume=False), node=0, port=29555, run_id="abc")
+    assert "--shutdown-timeout=120" in argv and argv.index("--shutdown-timeout=120") < argv.index("t.py")
 
 
 @pytest.mark.unit

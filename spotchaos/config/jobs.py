@@ -89,6 +89,10 @@ class JobSpec:
     nnodes: int = 1
     max_restarts: int = 0  # torchrun's --max-restarts: how often the agent restarts a failed group
     rdzv_port: int | None = None  # the rendezvous port of a multi-node job; None: a free one
+    # torchrun's --shutdown-timeout (torch >= 2.11): how long its agent waits between forwarding a
+    # SIGTERM and SIGKILLing the ranks. None: what the job's launch gets without the flag, its
+    # TORCH_ELASTIC_SHUTDOWN_TIMEOUT or torchrun's 30 s; set it as the production launch does
+    shutdown_timeout_seconds: int | None = None
     # the ranks per node a resume may use instead of nproc_per_node: declaring it says the job
     # reshards its checkpoints, so the built-in resharding scenario runs (None: it is skipped)
     reshard_nproc_per_node: int | None = None
@@ -197,6 +201,18 @@ class JobSpec:
                 )
             if self.launcher != "torchrun":
                 raise ConfigError(f'{self.where("reshard_nproc_per_node")}: resharding needs launcher = "torchrun"')
+        timeout = self.shutdown_timeout_seconds
+        if timeout is not None:
+            if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= 86400:
+                raise ConfigError(
+                    f"{self.where('shutdown_timeout_seconds')}: must be a whole number of seconds from 0 to 86400 "
+                    f"(torchrun's --shutdown-timeout), got {timeout!r}"
+                )
+            if self.launcher != "torchrun":
+                raise ConfigError(
+                    f"{self.where('shutdown_timeout_seconds')}: is torchrun's --shutdown-timeout; "
+                    'it needs launcher = "torchrun"'
+                )
         port = self.rdzv_port
         if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535):
             raise ConfigError(f"{self.where('rdzv_port')}: must be a port from 1024 to 65535, got {port!r}")
@@ -460,6 +476,7 @@ _PLAIN_KEYS = (
     "nnodes",
     "max_restarts",
     "rdzv_port",
+    "shutdown_timeout_seconds",
     "reshard_nproc_per_node",
     "gpus",
     "framework",

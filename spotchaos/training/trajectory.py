@@ -68,7 +68,8 @@ class Attempt:
     launch: int | None = None
     group_restart: int = 0
     launcher_signalled: bool = False
-    launcher_killed: bool = False  # the agent SIGKILLed workers 30 s after forwarding the notice
+    launcher_killed: bool = False  # the agent SIGKILLed workers its shutdown timeout after forwarding the notice
+    launcher_shutdown_seconds: float = 30.0  # that timeout on this launch (torchrun's --shutdown-timeout)
     gpus: dict[str, Any] | None = None  # the GPUs it leased: devices, when acquired and released, the wait
     placement: dict[str, Any] | None = None  # where it ran on a cluster: the Ray node, its id and resources
     start_kind: str = "cold"  # "warm" (forked from the job's warm interpreter), or "cold" and why

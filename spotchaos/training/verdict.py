@@ -247,23 +247,22 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
     return results
 
 
-# torchrun's agent SIGKILLs its workers this long after forwarding a SIGTERM (hard-coded)
-TORCHRUN_KILL_AFTER_SECONDS = 30.0
-
-
 def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
     signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
-    if attempt.launcher_killed and g.grace_seconds > TORCHRUN_KILL_AFTER_SECONDS:
+    after = attempt.launcher_shutdown_seconds
+    if attempt.launcher_killed and g.grace_seconds > after:
+        trap = "the 30-second trap: " if after == 30 else ""
         return (
-            f"the 30-second trap: torchrun's agent SIGKILLed the ranks {TORCHRUN_KILL_AFTER_SECONDS:g} s after "
-            f"forwarding {signal}, before their emergency checkpoint was durable, although the provider's grace is "
-            f"{g.grace_seconds:g} s; torchrun's 30 s is hard-coded: the checkpoint must finish within it (save less "
-            "on notice, or checkpoint more often so the notice only finishes a step)"
+            f"{trap}torchrun's agent SIGKILLed the ranks {after:g} s after forwarding {signal}, before their "
+            f"emergency checkpoint was durable, although the provider's grace is {g.grace_seconds:g} s; the "
+            f"agent's {after:g} s is its --shutdown-timeout: launch with --shutdown-timeout={g.grace_seconds:g} "
+            "(torch 2.11 and later; the job's shutdown_timeout_seconds here) or finish the checkpoint within it "
+            "(save less on notice, or checkpoint more often so the notice only finishes a step)"
         )
     if attempt.launcher_killed:
         return (
-            f"torchrun's agent SIGKILLed the ranks {TORCHRUN_KILL_AFTER_SECONDS:g} s after forwarding {signal}, before "
-            "their emergency checkpoint was durable: it must finish within 30 s under torchrun"
+            f"torchrun's agent SIGKILLed the ranks {after:g} s after forwarding {signal}, before their emergency "
+            f"checkpoint was durable: under torchrun it must finish within the agent's --shutdown-timeout ({after:g} s)"
         )
     if attempt.fault is not None and attempt.fault.grace_exceeded:
         if g.fault.endswith("-notice"):  # posted on the instance metadata, no signal sent

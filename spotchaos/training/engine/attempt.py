@@ -316,6 +316,7 @@ class AttemptRun:
         if job.launcher == "torchrun" and watch.fault is not None:
             attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)
             attempt.launcher_killed = torchrun.killed_workers(attempt.stderr_tail)
+            attempt.launcher_shutdown_seconds = torchrun.shutdown_seconds(job, spec.env)
         if watch.reclaimed:  # Ray Train's group ended with its nodes at the deadline: its checkpoint says how
             attempt.launcher_signalled = True
         if job.exactness == "envelope" and attempt.final is not None:

@@ -4,10 +4,10 @@ rank-level faults (one rank killed, one rank stopped, a node lost).
 The job runs on the distributed engine its users run in production: ``python -m
 torch.distributed.run``, one agent per "node", a c10d rendezvous on 127.0.0.1. What that engine
 does is not reimplemented here, only observed and provoked: the agent forwards a SIGTERM to its
-workers and SIGKILLs them 30 s later whatever the provider's grace; it restarts the whole worker
-group when one rank dies (``--max-restarts``); workers run in sessions of their own, so only the
-run's marker variable finds them all. Ranks are known from the probe's ``start`` events (pid and
-rank) and trusted only once the process carries the run's marker.
+workers and SIGKILLs them 30 s later (its ``--shutdown-timeout``) whatever the provider's grace;
+it restarts the whole worker group when one rank dies (``--max-restarts``); workers run in
+sessions of their own, so only the run's marker variable finds them all. Ranks are known from the
+probe's ``start`` events (pid and rank) and trusted only once the process carries the run's marker.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -31,6 +32,8 @@ from .ranked import LaunchedNode, RankedHandle
 
 ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>": finds one node's processes
 MONITOR_INTERVAL = "0.1"  # how often an agent looks at its workers (seconds)
+SHUTDOWN_VARIABLE = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's fallback for --shutdown-timeout
+SHUTDOWN_DEFAULT_SECONDS = 30.0  # torchrun's own, and the only one before torch 2.11
 
 
 def check_port(job: JobSpec, port: int) -> None:
@@ -63,6 +66,8 @@ def agent_argv(job: JobSpec, argv: tuple[str, ...], *, node: int, port: int, run
         f"--rdzv-conf=is_host={1 if node == 0 else 0}",  # node 0 holds the store: the one never lost
         "--local-addr=127.0.0.1",  # MASTER_ADDR on loopback, never the host name's address
     ]
+    if job.shutdown_timeout_seconds is not None:
+        launcher.append(f"--shutdown-timeout={job.shutdown_timeout_seconds}")
     if argv[0] in (sys.executable, *PYTHON_ALIASES):
         return (*launcher, *argv[1:])  # "-m module" and "script.py" are torchrun's own forms
     return (*launcher, "--no-python", *argv)
@@ -166,8 +171,21 @@ def rank_errors(stderr_tail: str) -> str:
     return "; ".join(f"rank {rank}: {text}" for rank, text in sorted(last.items()))
 
 
+def shutdown_seconds(job: JobSpec, env: Mapping[str, str]) -> float:
+    """How long the agent of this launch gives its ranks between its SIGTERM and its SIGKILL: the
+    job's ``--shutdown-timeout``, else the variable torchrun reads in the launch's environment, else
+    torchrun's 30 s."""
+    if job.shutdown_timeout_seconds is not None:
+        return float(job.shutdown_timeout_seconds)
+    try:
+        return float(int(env.get(SHUTDOWN_VARIABLE, "")))
+    except ValueError:
+        return SHUTDOWN_DEFAULT_SECONDS
+
+
 def killed_workers(stderr_tail: str) -> bool:
-    """Whether the agent SIGKILLed workers that outlived its 30 s after the notice it forwarded."""
+    """Whether the agent SIGKILLed workers that outlived its shutdown timeout after the notice it
+    forwarded."""
     return "Unable to shutdown process" in stderr_tail and "forcefully exiting via" in stderr_tail
 
 
