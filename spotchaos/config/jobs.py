@@ -201,18 +201,7 @@ class JobSpec:
                 )
             if self.launcher != "torchrun":
                 raise ConfigError(f'{self.where("reshard_nproc_per_node")}: resharding needs launcher = "torchrun"')
-        timeout = self.shutdown_timeout_seconds
-        if timeout is not None:
-            if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= 86400:
-                raise ConfigError(
-                    f"{self.where('shutdown_timeout_seconds')}: must be a whole number of seconds from 0 to 86400 "
-                    f"(torchrun's --shutdown-timeout), got {timeout!r}"
-                )
-            if self.launcher != "torchrun":
-                raise ConfigError(
-                    f"{self.where('shutdown_timeout_seconds')}: is torchrun's --shutdown-timeout; "
-                    'it needs launcher = "torchrun"'
-                )
+        _check_shutdown_timeout(self)
         port = self.rdzv_port
         if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535):
             raise ConfigError(f"{self.where('rdzv_port')}: must be a port from 1024 to 65535, got {port!r}")
@@ -224,7 +213,7 @@ class JobSpec:
                 "a plain python job is one rank"
             )
         if self.launcher == "ray-train":
-            self._check_ray_train()
+            _check_ray_train(self)
         if self.launcher == "torchrun" and self.container is not None:
             raise ConfigError(
                 f"{self.where('launcher')}: torchrun jobs run as local processes for now; a container's torchrun "
@@ -234,28 +223,6 @@ class JobSpec:
             raise ConfigError(
                 f"{self.where('log')}: a torchrun job reports per rank through the probe (RANK is read from torchrun); "
                 "the log adapter reads one process's output"
-            )
-
-    def _check_ray_train(self) -> None:
-        """A Ray Train driver runs here and places its own workers: no container, one node's worth
-        of ranks (Ray decides the nodes), the probe's events, not a log."""
-        if self.container is not None or self.backend != "subprocess":
-            where = self.where("container" if self.container is not None else "backend")
-            raise ConfigError(
-                f"{where}: a Ray Train job's driver runs as a local process and Ray places its workers on the "
-                "cluster; leave out container and backend (--spotchaos-ray-address names the cluster)"
-            )
-        if self.nnodes != 1:
-            raise ConfigError(
-                f"{self.where('nnodes')}: a Ray Train job's workers are placed by Ray; give their number as "
-                "nproc_per_node (ScalingConfig's num_workers) and leave nnodes at 1"
-            )
-        if self.log is not None:
-            raise ConfigError(f"{self.where('log')}: a Ray Train job reports per rank through the probe")
-        if self.storage != "local":
-            raise ConfigError(
-                f"{self.where('storage')}: a Ray Train job's checkpoints are its run's storage_path on a folder "
-                "every node sees; the harness's S3 credentials are not handed to Train workers"
             )
 
     @property
@@ -393,6 +360,45 @@ _RENAMED = {
     "event_timeout": "event_timeout_seconds",
     "attempt_timeout": "attempt_timeout_seconds",
 }
+
+
+def _check_ray_train(job: JobSpec) -> None:
+    """A Ray Train driver runs here and places its own workers: no container, one node's worth
+    of ranks (Ray decides the nodes), the probe's events, not a log."""
+    if job.container is not None or job.backend != "subprocess":
+        where = job.where("container" if job.container is not None else "backend")
+        raise ConfigError(
+            f"{where}: a Ray Train job's driver runs as a local process and Ray places its workers on the "
+            "cluster; leave out container and backend (--spotchaos-ray-address names the cluster)"
+        )
+    if job.nnodes != 1:
+        raise ConfigError(
+            f"{job.where('nnodes')}: a Ray Train job's workers are placed by Ray; give their number as "
+            "nproc_per_node (ScalingConfig's num_workers) and leave nnodes at 1"
+        )
+    if job.log is not None:
+        raise ConfigError(f"{job.where('log')}: a Ray Train job reports per rank through the probe")
+    if job.storage != "local":
+        raise ConfigError(
+            f"{job.where('storage')}: a Ray Train job's checkpoints are its run's storage_path on a folder "
+            "every node sees; the harness's S3 credentials are not handed to Train workers"
+        )
+
+
+def _check_shutdown_timeout(job: JobSpec) -> None:
+    """torchrun's --shutdown-timeout: whole seconds, and only where torchrun launches the job."""
+    timeout = job.shutdown_timeout_seconds
+    if timeout is not None:
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= 86400:
+            raise ConfigError(
+                f"{job.where('shutdown_timeout_seconds')}: must be a whole number of seconds from 0 to 86400 "
+                f"(torchrun's --shutdown-timeout), got {timeout!r}"
+            )
+        if job.launcher != "torchrun":
+            raise ConfigError(
+                f"{job.where('shutdown_timeout_seconds')}: is torchrun's --shutdown-timeout; "
+                'it needs launcher = "torchrun"'
+            )
 
 
 def _check_number(value: Any, where: str, what: str, low: float, high: float) -> None:
