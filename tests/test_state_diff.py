@@ -65,6 +65,17 @@ def test_a_scheduler_not_restored_is_a_latent_failure_though_every_loss_matched(
     assert runner.check(_every_7("sidecar_train"), Plan.parse("sigkill@9")).passed
 
 
+def test_state_that_two_uninterrupted_runs_disagree_on_is_named_unrepeatable_not_restored_wrong(runner):
+    """Python's random seeded from the OS and saved in every checkpoint, no loss drawing from it:
+    the diff alone sees it, and a second uninterrupted run shows it was never repeatable."""
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(trainer("broken_unseeded_random"), Plan.parse("sigterm@7"))
+    message = str(failure.value)
+    assert "not deterministic without any preemption: two uninterrupted runs already differ in" in message, message
+    assert "trainer.pt:rng.python.1" in message and "random.seed" in message, message
+    assert "latent" not in message and "state not restored" not in message, message
+
+
 def test_entries_listed_as_ignored_may_differ(runner):
     job = _every_7("broken_sidecar_no_scheduler", state_diff_ignore=("scheduler.*",))
     assert runner.check(job, Plan.parse("sigkill@9")).passed

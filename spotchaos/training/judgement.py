@@ -35,11 +35,14 @@ def judge_run(
     backend: Callable[[], Any],
     root: Path,
     leaked: Callable[[], str | None],
+    noise: Callable[[], StateDifference | None] | None = None,
 ) -> Verdict:
     """``run`` of ``job`` judged against its ``reference``. ``backend``: the job's backend, asked
     for only when a checkpoint must be read in the job's confinement; ``leaked``: a failure naming
     where a secret of the job appeared, if one did, asked last (the state diff's helper writes into
-    the run's folder too)."""
+    the run's folder too); ``noise``: how a second uninterrupted run's checkpoints differ from the
+    reference's, asked only when the state diff found a latent difference (every loss matched): an
+    RNG never seeded is no restore gone wrong, and two uninterrupted runs are what shows it."""
     if envelope is not None and run.final is not None:  # how far its weights are from the reference's
         run.final["tensor_spread"] = weights_distance(job, reference, run)
     verdict = judge(reference, run, envelope)
@@ -48,7 +51,10 @@ def judge_run(
     if skipped:
         verdict.precision += f"; state diff: {len(skipped)} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
     if found is not None:  # names the cause of a divergence, or is a latent failure of its own
-        verdict.failures.append(found.describe(latent=verdict.passed))
+        # a latent difference is the diff's word alone: only then is a second uninterrupted run worth its cost
+        latent = verdict.passed and noise is not None
+        unrepeatable = found.unrepeatable(repeated) if latent and (repeated := noise()) else None
+        verdict.failures.append(unrepeatable or found.describe(latent=verdict.passed))
         verdict.passed = False
         verdict.state_difference = asdict(found)
     if job.multi_rank:  # what only the other ranks show: their own trajectories, samples
@@ -81,10 +87,17 @@ def weights_distance(job: JobSpec, reference: RunRecord, run: RunRecord) -> dict
 
 
 def state_difference(
-    job: JobSpec, reference: RunRecord, run: RunRecord, backend: Callable[[], Any], root: Path
+    job: JobSpec,
+    reference: RunRecord,
+    run: RunRecord,
+    backend: Callable[[], Any],
+    root: Path,
+    *,
+    uninterrupted: bool = False,
 ) -> StateDifference | None:
-    """The first checkpoint written after a resume whose state differs from the reference's."""
-    if not job.state_diff or len(run.attempts) < 2 or job.launcher != "python":
+    """The first checkpoint written after a resume whose state differs from the reference's;
+    ``uninterrupted``: ``run`` is a second uninterrupted run, whose own checkpoints are compared."""
+    if not job.state_diff or job.launcher != "python" or (len(run.attempts) < 2 and not uninterrupted):
         return None
     chosen = backend() or SubprocessBackend()
     confined = ConfinedLoader(
@@ -106,4 +119,5 @@ def state_difference(
         ),
         exact_floats=job.exactness == "bit",
         runs=(str(reference.workdir), str(run.workdir)),
+        first_attempt=0 if uninterrupted else 1,
     )

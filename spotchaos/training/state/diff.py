@@ -33,6 +33,7 @@ from .formats import AsBytes, NeedsConfinement, load_state, same_bytes
 KEPT_SUFFIX = ".kept"
 KEEP_BYTES = 256 << 20  # a checkpoint larger than this is not kept: said, not compared
 SHOWN = 8  # differences shown per checkpoint
+ENTRIES_KEPT = 256  # differing entries a difference keeps by name (the report's, and the noise check's)
 
 
 def kept_dir(workdir: Path | str) -> Path:
@@ -120,6 +121,7 @@ class StateDifference:
     label: str  # "s<step>" (a probe's checkpoint) or "k<stored step key>" (a log-adapter one)
     differences: list[str] = field(default_factory=list)
     more: int = 0
+    entries: list[str] = field(default_factory=list)  # every differing entry ("rng.python", "trainer.pt:step")
 
     def describe(self, latent: bool) -> str:
         shown = "; ".join(self.differences) + (f"; and {self.more} more" if self.more else "")
@@ -133,6 +135,22 @@ class StateDifference:
             )
         return f"state not restored: {where} differs from the uninterrupted run's: {shown}"
 
+    def unrepeatable(self, noise: StateDifference) -> str | None:
+        """Said instead of :meth:`describe` when a second uninterrupted run's checkpoint (``noise``)
+        already differs from the first's in an entry this one differs in: that state was never
+        repeatable, so no resume restored it wrong (an RNG the job never seeded, say)."""
+        shared = [entry for entry in self.entries if entry in set(noise.entries)]
+        if not shared:
+            return None
+        which = f"after step {noise.label[1:]}" if noise.label.startswith("s") else f"storing step {noise.label[1:]}"
+        shown = ", ".join(shared[:SHOWN]) + (f" and {len(shared) - SHOWN} more" if len(shared) > SHOWN else "")
+        return (
+            f"not deterministic without any preemption: two uninterrupted runs already differ in {shown} "
+            f"(their checkpoints {which}), the state the resumed run's checkpoint differs in too, so this is no "
+            "restore gone wrong: seed what draws it (random.seed, numpy.random.seed, torch.manual_seed at start), "
+            "or list the entries in state_diff_ignore if they are no state"
+        )
+
 
 def compare(
     reference_kept: Path,
@@ -142,15 +160,17 @@ def compare(
     ignore: tuple[str, ...] = (),
     exact_floats: bool = True,
     runs: tuple[str, str] = ("", ""),
+    first_attempt: int = 1,
 ) -> StateDifference | None:
     """The first kept checkpoint of a resumed attempt that differs from the reference's of its step.
-    ``runs`` are the two runs' directories: a path under one names ``{run}``, as under the other."""
+    ``runs`` are the two runs' directories: a path under one names ``{run}``, as under the other.
+    ``first_attempt``: 0 compares a second uninterrupted run's own checkpoints too."""
     kept = sorted(
         (int(a), int(label[1:]), label, p)
         for p in (chaos_kept.iterdir() if chaos_kept.is_dir() else [])
         if p.name.startswith("a") and "-" in p.name
         for a, label in [p.name[1:].split("-", 1)]
-        if a.isdigit() and int(a) > 0 and label[:1] in ("s", "k") and label[1:].lstrip("-").isdigit()
+        if a.isdigit() and int(a) >= first_attempt and label[:1] in ("s", "k") and label[1:].lstrip("-").isdigit()
     )
     for attempt, _, label, path in kept:
         reference = reference_kept / f"a0-{label}"
@@ -158,7 +178,9 @@ def compare(
             continue
         found, more = _compare_folders(reference, path, confined, ignore, exact_floats, runs)
         if found:
-            return StateDifference(attempt, label, found[:SHOWN], more + max(0, len(found) - SHOWN))
+            texts = [text for _, text in found]
+            entries = [entry for entry, _ in found][:ENTRIES_KEPT]
+            return StateDifference(attempt, label, texts[:SHOWN], more + max(0, len(texts) - SHOWN), entries)
     return None
 
 
@@ -169,18 +191,18 @@ def _compare_folders(
     ignore: tuple[str, ...],
     exact_floats: bool,
     runs: tuple[str, str],
-) -> tuple[list[str], int]:
-    """Every file of two kept checkpoints, compared; differences ranked causes first (counters and
-    RNG states before the tensors a divergence drags along), across files."""
+) -> tuple[list[tuple[str, str]], int]:
+    """Every file of two kept checkpoints, compared: (entry, what differs) ranked causes first
+    (counters and RNG states before the tensors a divergence drags along), across files."""
     names = sorted({str(p.relative_to(reference)) for p in regular_files(reference)})
     names = sorted(set(names) | {str(p.relative_to(chaos)) for p in regular_files(chaos)})
     single = len(names) == 1
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, str, str]] = []
     more = 0
     for name in names:
         a, b = reference / name, chaos / name
         if not a.exists() or not b.exists():
-            found.append((0, f"{name}: {_presence(a)} vs {_presence(b)}"))
+            found.append((0, name, f"{name}: {_presence(a)} vs {_presence(b)}"))
             continue
         result = _diff_files(a, b, confined, exact_floats, runs)
         more += result.get("more", 0)
@@ -190,8 +212,8 @@ def _compare_folders(
                 continue
             same = d["reference"] == d["chaos"]
             rank = d["rank"] if isinstance(d.get("rank"), int) else 3
-            found.append((rank, f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"))
-    return [text for _, text in sorted(found)], more
+            found.append((rank, entry, f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"))
+    return [(entry, text) for _, entry, text in sorted(found)], more
 
 
 def _presence(path: Path) -> str:
