@@ -37,7 +37,8 @@ from .training.engine.run import run_job
 from .training.judgement import judge_run, state_difference, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
 from .training.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
-from .training.state.diff import StateDifference, kept_dir
+from .training.state.diff import StateDifference
+from .training.state.kept import KeptCopies, kept_dir
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
 
@@ -114,6 +115,7 @@ class SessionCore:
         self.warm_starts = self._resources.enter_context(WarmStarts()) if share.get("warm", True) else None
         self.prefixes = Prefixes(share.get("prefix", True))
         self._passed: dict[tuple[str, str], tuple[RunRecord, Verdict]] = {}  # (job key, plan): a passing run
+        self.kept = KeptCopies()  # the checkpoints kept for the state diff: one budget, identical files once
 
     def __enter__(self):
         return self
@@ -285,6 +287,7 @@ class SessionCore:
                 warm=None if learn else self.warm_starts,
                 # sharded (DCP) checkpoints are not compared key by key yet: see docs/distributed.md
                 keep_checkpoints=keep_checkpoints if job.state_diff and job.launcher == "python" else "",
+                kept=self.kept,
                 snapshots=snapshots,
                 prefix=prefix,
             )
@@ -380,6 +383,7 @@ class SessionCore:
         if not self.keep_passing:
             shutil.rmtree(run.workdir, ignore_errors=True)
             shutil.rmtree(kept_dir(run.workdir), ignore_errors=True)
+            self.kept.forget(kept_dir(run.workdir))
             shutil.rmtree(snapshots_dir(run.workdir), ignore_errors=True)
 
     def containers(self) -> list[dict[str, Any]]:

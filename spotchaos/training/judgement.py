@@ -20,8 +20,9 @@ from .frameworks import framework_of, state_diff_ignore
 from .multirank.rank_verdict import add_rank_verdicts
 from .multirank.torchrun import published_before_ranks, published_without_metadata
 from .state.checkpoint_reader import ConfinedLoader, tensor_distances
-from .state.diff import KEEP_BYTES, StateDifference, kept_dir, too_big
+from .state.diff import StateDifference
 from .state.diff import compare as compare_kept
+from .state.kept import KEEP_BYTES, kept_dir, not_kept
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
 
@@ -47,9 +48,16 @@ def judge_run(
         run.final["tensor_spread"] = weights_distance(job, reference, run)
     verdict = judge(reference, run, envelope)
     found = state_difference(job, reference, run, backend, root)
-    skipped = too_big(kept_dir(run.workdir))
-    if skipped:
-        verdict.precision += f"; state diff: {len(skipped)} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
+    skipped = not_kept(kept_dir(run.workdir))
+    if skipped["too_big"]:
+        count = len(skipped["too_big"])
+        verdict.precision += f"; state diff: {count} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
+    over = [*not_kept(kept_dir(reference.workdir))["over_budget"], *skipped["over_budget"]]
+    if over:
+        verdict.precision += (
+            f"; state diff: {len(over)} checkpoint(s) not kept, so not compared: the session's kept copies "
+            "reached their budget (a quarter of the free disk)"
+        )
     if found is not None:  # names the cause of a divergence, or is a latent failure of its own
         # a latent difference is the diff's word alone: only then is a second uninterrupted run worth its cost
         latent = verdict.passed and noise is not None

@@ -18,99 +18,17 @@ job's confinement (``confined/state_diff.py``). Paths of each run's own director
 from __future__ import annotations
 
 import fnmatch
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
-from ...safety.safefs import UnsafeFile, open_beneath, regular_files
+from ...safety.safefs import regular_files
 from .checkpoint_reader import ConfinedLoader
 from .confined.state_diff import diff
 from .formats import AsBytes, NeedsConfinement, load_state, same_bytes
 
-KEPT_SUFFIX = ".kept"
-KEEP_BYTES = 256 << 20  # a checkpoint larger than this is not kept: said, not compared
 SHOWN = 8  # differences shown per checkpoint
 ENTRIES_KEPT = 256  # differing entries a difference keeps by name (the report's, and the noise check's)
-
-
-def kept_dir(workdir: Path | str) -> Path:
-    """Where a run's kept checkpoints go: beside its folder, not in it, so no job (nor a container,
-    which gets only the run's folder) can plant a link where the harness writes its copies."""
-    workdir = Path(workdir)
-    return workdir.parent / f"{workdir.name}{KEPT_SUFFIX}"
-
-
-def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> None:
-    """Copy the checkpoint a ``checkpoint`` event reports (a file, or a folder of files) to
-    ``into/a<attempt>-s<step>/``: regular files only, no link followed, only from inside the run's
-    checkpoint directory, whole or not at all (the job may rotate it away while it is copied)."""
-    if event.get("reason") == "observed" and "stored" not in event:
-        return  # a log-adapter checkpoint credited to the step printed when it was seen: timing, not content
-    parsed = urlparse(event.get("uri", ""))
-    if parsed.scheme not in ("", "file"):
-        return  # S3 objects are not kept
-    path = Path(os.path.normpath(unquote(parsed.path) or "."))
-    if not path.is_absolute() or not path.is_relative_to(checkpoints) or path == checkpoints:
-        return
-    # a log-adapter checkpoint by the key it stores (its step is re-credited once the uninterrupted
-    # run has taught the convention), a probe's by its step
-    label = f"k{event['stored']}" if "stored" in event else f"s{event['step']}"
-    final = into / f"a{attempt}-{label}"
-    if final.exists():
-        return
-    partial = into / f".partial-{final.name}"
-    try:
-        partial.mkdir()  # refuses anything already there, a link included
-    except OSError:
-        return
-    try:
-        folder = path.is_dir() and not path.is_symlink()
-        files = regular_files(path) if folder else [path]
-        total = 0
-        for file in files:
-            fd = open_beneath(checkpoints, file.relative_to(checkpoints))
-            with os.fdopen(fd, "rb") as source:
-                before = os.fstat(source.fileno())
-                if rewritten(event, before, in_folder=folder):
-                    raise Rewritten
-                total += before.st_size
-                if total > KEEP_BYTES:
-                    (into / f"{final.name}.too-big").write_text(str(total))
-                    raise OverflowError
-                name = file.relative_to(path) if path.is_dir() else Path(file.name)
-                (partial / name).parent.mkdir(parents=True, exist_ok=True)
-                with open(partial / name, "xb") as target:
-                    shutil.copyfileobj(source, target)
-                if os.fstat(source.fileno()).st_mtime_ns != before.st_mtime_ns:
-                    raise Rewritten  # written to while it was copied
-        partial.rename(final)
-    except (OSError, UnsafeFile, OverflowError, ValueError, Rewritten):
-        shutil.rmtree(partial, ignore_errors=True)
-
-
-class Rewritten(Exception):
-    """The checkpoint file was saved over after the event that reported it: what could be copied
-    now is another step's state, and comparing it as this step's would be a false alarm (a plain
-    script that overwrites one ``ckpt.pt``, its copy taken late on a loaded machine)."""
-
-
-MTIME_SLACK_NS = 50_000_000  # file times are coarser than time.time(): a file saved just before its event
-
-
-def rewritten(event: dict[str, Any], info: os.stat_result, *, in_folder: bool = False) -> bool:
-    """Whether the file is no longer the version the event reported: the log adapter says which
-    version it read (``mtime_ns``); a probe's one-file checkpoint is reported after its save, at
-    ``t``, so a file modified after that is a later save. (A checkpoint folder's files may be
-    finished after its event, by a framework's callbacks: its new folder per save is the norm.)"""
-    if isinstance(event.get("mtime_ns"), int):
-        return info.st_mtime_ns != event["mtime_ns"]
-    if in_folder:
-        return False
-    t = event.get("t")
-    return isinstance(t, int | float) and info.st_mtime_ns > int(t * 1e9) + MTIME_SLACK_NS
 
 
 @dataclass
@@ -240,10 +158,3 @@ def _diff_files(
             return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs"}]}
         return answer
     return diff(x, y, SHOWN * 4, exact_floats=exact_floats, runs=runs, within=a.name)
-
-
-def too_big(kept: Path) -> list[str]:
-    """The checkpoints a run wrote after a resume that were over KEEP_BYTES: not kept, not compared."""
-    if not kept.is_dir():
-        return []
-    return sorted(p.name.removesuffix(".too-big") for p in kept.glob("a*.too-big") if not p.name.startswith("a0-"))
