@@ -97,6 +97,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default: on; a scenario's first plan always starts from step 0)",
     )
     group.addoption(
+        "--spotchaos-history",
+        metavar="DIR|off",
+        help="where each session's report is saved for 'spotchaos compare', relative to the project "
+        "(default: .spotchaos, which holds a .gitignore of its own; off: none)",
+    )
+    group.addoption(
         "--spotchaos-keep-runs",
         action="store_true",
         help="keep the working directory of passing runs too (default: only failing ones)",

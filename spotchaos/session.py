@@ -34,10 +34,11 @@ from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
 from .training.engine.options import EngineOptions
 from .training.engine.run import run_job
-from .training.judgement import judge_run, weights_distance
+from .training.judgement import judge_run, state_difference, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
 from .training.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
-from .training.state.diff import kept_dir
+from .training.state.diff import StateDifference
+from .training.state.kept import KeptCopies, kept_dir
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
 
@@ -98,6 +99,8 @@ class SessionCore:
         self._references: dict[str, RunRecord] = {}
         self._conventions: dict[str, StepConvention] = {}  # job key -> how its log-adapter script counts
         self._audits: dict[str, Audit] = {}  # job key -> what its repeated uninterrupted runs showed
+        self._noise: dict[str, StateDifference | None] = {}  # job key -> a second uninterrupted run's state diff
+        self._noise_lock = threading.Lock()
         self._lock = threading.Lock()
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
@@ -112,6 +115,7 @@ class SessionCore:
         self.warm_starts = self._resources.enter_context(WarmStarts()) if share.get("warm", True) else None
         self.prefixes = Prefixes(share.get("prefix", True))
         self._passed: dict[tuple[str, str], tuple[RunRecord, Verdict]] = {}  # (job key, plan): a passing run
+        self.kept = KeptCopies()  # the checkpoints kept for the state diff: one budget, identical files once
 
     def __enter__(self):
         return self
@@ -283,6 +287,7 @@ class SessionCore:
                 warm=None if learn else self.warm_starts,
                 # sharded (DCP) checkpoints are not compared key by key yet: see docs/distributed.md
                 keep_checkpoints=keep_checkpoints if job.state_diff and job.launcher == "python" else "",
+                kept=self.kept,
                 snapshots=snapshots,
                 prefix=prefix,
             )
@@ -325,11 +330,28 @@ class SessionCore:
             backend=lambda: self.backend(job),
             root=self.root,
             leaked=lambda: self.leaks(job, record),
+            noise=lambda: self.state_noise(job),
         )
         note_harness(time.monotonic() - judging)
         if verdict.passed:
             self.discard(record)
         return record, verdict
+
+    def state_noise(self, job: JobSpec) -> StateDifference | None:
+        """How a second uninterrupted run's checkpoints differ from the reference's: run once per
+        session and job, and only when a run's state differs (a failure's path, never a pass's)."""
+        key = job.key()
+        with self._noise_lock:  # plans judged in parallel wait for the one run
+            if key in self._noise:
+                return self._noise[key]
+            workdir = self.next_dir(f"{job.name}-uninterrupted2")
+            record = self.execute(job, Plan(), workdir, keep_checkpoints="all")
+            reference = self.reference(job)
+            self._noise[key] = state_difference(
+                job, reference, record, lambda: self.backend(job), self.root, uninterrupted=True
+            )
+            self.discard(record)
+            return self._noise[key]
 
     def secrets_of(self, job: JobSpec) -> list[str]:
         """What no output of ``job`` may show: its secret-named variables and every S3 secret handed out."""
@@ -361,6 +383,7 @@ class SessionCore:
         if not self.keep_passing:
             shutil.rmtree(run.workdir, ignore_errors=True)
             shutil.rmtree(kept_dir(run.workdir), ignore_errors=True)
+            self.kept.forget(kept_dir(run.workdir))
             shutil.rmtree(snapshots_dir(run.workdir), ignore_errors=True)
 
     def containers(self) -> list[dict[str, Any]]:

@@ -134,6 +134,21 @@ def test_options_precedence_and_errors():
         _resolve(jobs=["x"])
 
 
+def test_saved_runs_go_where_history_says_with_a_gitignore_and_off_saves_none(tmp_path):
+    from spotchaos.report.history import save_run, saved_runs
+
+    assert _resolve().history == ".spotchaos" and _resolve(history="off").history is None
+    assert _resolve(environ={"SPOTCHAOS_HISTORY": "ci/gate-runs"}).history == "ci/gate-runs"
+    with pytest.raises(ConfigError, match=r"--spotchaos-history .*expected a folder or 'off'"):
+        _resolve(history=" ")
+    folder = tmp_path / ".spotchaos"
+    first = save_run({"scenarios": []}, folder)
+    assert (folder / ".gitignore").read_text().splitlines()[-1] == "*"  # git status stays as it was
+    (folder / ".gitignore").write_text("mine\n")  # a folder the user owns now: left as it is
+    second = save_run({"scenarios": []}, folder)
+    assert saved_runs(folder) == [first, second] and (folder / ".gitignore").read_text() == "mine\n"
+
+
 def test_old_timeout_names_still_work_with_a_deprecation_warning(tmp_path):
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[tool.spotchaos.jobs.a]\ncommand = ["python", "x.py"]\nevent_timeout = 7\n')

@@ -16,6 +16,18 @@ def test_secret_named_variables_are_found_and_others_are_not():
     assert secret_values(env) == [SECRET, "hf_abcdefgh"]  # longest first; "1" is too short to redact
 
 
+def test_a_urls_credentials_are_secrets_on_any_host_and_a_plain_urls_path_is_not():
+    webhook = "https://alerts.example.internal/hooks/T0ABC1234/q9W8e7R6t5Y4u3I2o1P0aSdF"
+    signed = "https://blobs.example.net/ckpt/model.pt?sv=2024-05-04&sig=Zk3Lq9Xw2Vb7Nm4Rt8Yp1Hc6Jd0Gs5Fa"
+    tracking = "http://127.0.0.1:5000/#/experiments/3/runs/9f2c4b7e1a6d48f0b3c5e7a9d1f2b4c6"
+    env = {"ALERT_WEBHOOK_URL": webhook, "CKPT_URL": signed, "MLFLOW_TRACKING_URI": tracking}
+    assert secret_values(env) == ["Zk3Lq9Xw2Vb7Nm4Rt8Yp1Hc6Jd0Gs5Fa", "q9W8e7R6t5Y4u3I2o1P0aSdF"]
+    leaked = f"POST {webhook} failed; GET {signed}; tracking at {tracking}"
+    clean = redact(leaked, secret_values(env))
+    assert "q9W8e7R6" not in clean and "Zk3Lq9Xw" not in clean and "/hooks/T0ABC1234/" in clean
+    assert tracking in clean  # a run id in a URL of no key's name is left as it is
+
+
 def test_full_secret_prefix_and_longer_prefix_are_redacted_in_nested_values():
     document = {
         "error": f"denied for {SECRET}.",

@@ -273,6 +273,7 @@ def test_saved_runs_compare_and_fail_on_a_regression(session, tmp_path):
     root, _ = session
     saved = sorted((root / ".spotchaos").glob("*.json"))
     assert saved and re.fullmatch(r"0001_([0-9a-f]{8}|nocommit)_\d{8}T\d{6}Z\.json", saved[0].name)
+    assert (root / ".spotchaos" / ".gitignore").read_text().endswith("*\n")
     listing = _cli(root, "list")
     assert listing.returncode == 0 and saved[0].name in listing.stdout
     # A "fixed" copy of the run: the no-rng scenario now passes; then compare both ways.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -65,6 +67,17 @@ def test_a_scheduler_not_restored_is_a_latent_failure_though_every_loss_matched(
     assert runner.check(_every_7("sidecar_train"), Plan.parse("sigkill@9")).passed
 
 
+def test_state_that_two_uninterrupted_runs_disagree_on_is_named_unrepeatable_not_restored_wrong(runner):
+    """Python's random seeded from the OS and saved in every checkpoint, no loss drawing from it:
+    the diff alone sees it, and a second uninterrupted run shows it was never repeatable."""
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(trainer("broken_unseeded_random"), Plan.parse("sigterm@7"))
+    message = str(failure.value)
+    assert "not deterministic without any preemption: two uninterrupted runs already differ in" in message, message
+    assert "trainer.pt:rng.python.1" in message and "random.seed" in message, message
+    assert "latent" not in message and "state not restored" not in message, message
+
+
 def test_entries_listed_as_ignored_may_differ(runner):
     job = _every_7("broken_sidecar_no_scheduler", state_diff_ignore=("scheduler.*",))
     assert runner.check(job, Plan.parse("sigkill@9")).passed
@@ -109,7 +122,7 @@ def test_the_diff_walks_nested_state_and_ranks_causes_first():
 
 @pytest.mark.unit
 def test_checkpoints_are_kept_whole_inside_the_run_or_not_at_all_and_an_oversized_one_is_said(tmp_path, monkeypatch):
-    import spotchaos.training.state.diff as state_diff
+    import spotchaos.training.state.kept as state_diff
 
     root = tmp_path / "checkpoints"
     (root / "ckpt-4").mkdir(parents=True)
@@ -166,7 +179,7 @@ def test_a_checkpoint_saved_over_after_its_event_is_not_kept_as_that_steps(tmp_p
     import os
     import time
 
-    import spotchaos.training.state.diff as state_diff
+    import spotchaos.training.state.kept as state_diff
 
     root = tmp_path / "checkpoints"
     root.mkdir()
@@ -187,6 +200,38 @@ def test_a_checkpoint_saved_over_after_its_event_is_not_kept_as_that_steps(tmp_p
     assert not (kept / "a0-k6").exists() and not (kept / "a0-s5").exists()
     state_diff.keep({**probe, "t": time.time() + 2}, 1, root, kept)
     assert (kept / "a1-s5" / "ckpt.pt").read_bytes() == b"step 20"  # saved before its event: kept
+
+
+@pytest.mark.unit
+def test_the_sessions_kept_copies_share_identical_files_and_stop_at_their_budget(tmp_path):
+    """A resume that was right writes the reference's bytes again: kept once (a link, read by the
+    diff as equal without a read); past the budget a checkpoint is not kept, and that is said."""
+    from spotchaos.training.state.formats import same_bytes
+    from spotchaos.training.state.kept import KeptCopies, keep, not_kept
+
+    root = tmp_path / "checkpoints"
+    root.mkdir()
+    (root / "a.pt").write_bytes(b"a" * 600)
+    (root / "b.pt").write_bytes(b"b" * 600)
+    reference, chaos = tmp_path / "ref.kept", tmp_path / "chaos.kept"
+    reference.mkdir()
+    chaos.mkdir()
+    copies = KeptCopies(budget_bytes=1000)
+    keep({"uri": (root / "a.pt").as_uri(), "step": 3}, 0, root, reference, copies)
+    keep({"uri": (root / "a.pt").as_uri(), "step": 3}, 1, root, chaos, copies)  # the same bytes again
+    first, again = reference / "a0-s3" / "a.pt", chaos / "a1-s3" / "a.pt"
+    assert os.stat(first).st_ino == os.stat(again).st_ino and again.read_bytes() == b"a" * 600
+    assert copies.describe() == {"budget_bytes": 1000, "kept_bytes": 600, "shared_bytes": 600}
+    assert same_bytes(first, again)
+    keep({"uri": (root / "b.pt").as_uri(), "step": 7}, 1, root, chaos, copies)  # 600 more would pass 1000
+    assert not (chaos / "a1-s7").exists() and not_kept(chaos) == {"too_big": [], "over_budget": ["a1-s7"]}
+    shutil.rmtree(reference)  # a passing run's folder goes: the other name of its file serves
+    copies.forget(reference)
+    keep({"uri": (root / "a.pt").as_uri(), "step": 11}, 2, root, chaos, copies)
+    assert os.stat(chaos / "a2-s11" / "a.pt").st_ino == os.stat(again).st_ino and copies.used == 600
+    shutil.rmtree(chaos)
+    copies.forget(chaos)
+    assert copies.used == 0  # every copy gone: the whole budget is free again
 
 
 def test_a_scenario_that_fails_on_a_leading_plan_reports_the_plans_it_ran(runner):

@@ -522,6 +522,7 @@ def test_every_window_and_encoding_of_a_secret_is_redacted_and_found(leak):
 GITHUB_PAT = "ghp_" + "Zq7Lm2Xv9Rt4Wb8Nc3Kd5Hj6Fg1Ps0Ay2Eu7I"[:36]
 SIGNING_KEY = "Zx81kQp0LmA7vR3tYw9eBn4C"
 WEBHOOK = "https://hooks.slack.com/services/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"
+OTHER_WEBHOOK = "https://alerts.example.internal/hooks/T0ABC1234/Xk2Lr8Vb4Nq7Wm1Zt5Yc9Hd3"  # a host no detector knows
 DB_PASSWORD_IN_URL = "s3cretDBpw1"
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjaS1ib3QifQ.Qm9ndXNTaWduYXR1cmVGb3JUZXN0cw"
 SHAPED_PROJECT = {
@@ -533,6 +534,7 @@ SHAPED_PROJECT = {
         DATABASE_URL = "postgresql://admin:{DB_PASSWORD_IN_URL}@db.internal/app"
         GITHUB_PAT = "{GITHUB_PAT}"
         SLACK_WEBHOOK_URL = "{WEBHOOK}"
+        ALERT_WEBHOOK_URL = "{OTHER_WEBHOOK}"
         SIGNING_KEY = "{SIGNING_KEY}"
     """,
     ".env": f"GITHUB_PAT={GITHUB_PAT}\n",
@@ -541,7 +543,7 @@ SHAPED_PROJECT = {
         from spotchaos.probe import Probe, checkpoint_dir_from_env
         folder = checkpoint_dir_from_env()
         os.makedirs(folder, exist_ok=True)
-        names = ("DATABASE_URL", "GITHUB_PAT", "SLACK_WEBHOOK_URL", "SIGNING_KEY")
+        names = ("DATABASE_URL", "GITHUB_PAT", "SLACK_WEBHOOK_URL", "ALERT_WEBHOOK_URL", "SIGNING_KEY")
         with open(os.path.join(folder, "run_config.json"), "w") as f:  # a kept file of no log's name
             json.dump({{n: os.environ[n] for n in names}}, f)
         with open(os.path.join(folder, "train_log.txt"), "w") as f:
@@ -556,6 +558,7 @@ SHAPED_PROJECT = {
         out.write(("late: " + os.environ["GITHUB_PAT"] + "\\n").encode())
         out.flush()
         print("connecting to", os.environ["DATABASE_URL"], "as", os.environ["SIGNING_KEY"], flush=True)
+        print("alerts go to", os.environ["ALERT_WEBHOOK_URL"], flush=True)
         probe = Probe.from_env()
         probe.start()
         for step in range(3):
@@ -576,13 +579,15 @@ def test_credentials_found_by_shape_never_reach_an_artifact_and_a_hard_linked_lo
     env_before = (project / ".env").read_bytes()
     result = run_pytest(project, "--spotchaos", "--spotchaos-keep-runs", "--junitxml=junit.xml", "test_shaped.py")
     assert "1 failed" in result.stdout, result.stdout[-3000:]
-    assert "a secret (DATABASE_URL, GITHUB_PAT, SIGNING_KEY, SLACK_WEBHOOK_URL" in result.stdout, result.stdout[-3000:]
+    named = "a secret (ALERT_WEBHOOK_URL, DATABASE_URL, GITHUB_PAT, SIGNING_KEY, SLACK_WEBHOOK_URL"
+    assert named in result.stdout, result.stdout[-3000:]
     assert (project / ".env").read_bytes() == env_before, "redaction wrote through a hard link"
     report = project / "spotchaos-report"
     artifacts = [report / "report.json", report / "report.md", report / "report.html", project / "junit.xml"]
     artifacts += [p for p in (report / "runs").rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name == "run_config.json" for p in artifacts) and any(p.name == "notes.log" for p in artifacts)
     raw = [GITHUB_PAT, SIGNING_KEY, WEBHOOK, DB_PASSWORD_IN_URL, JWT, GITHUB_PAT[10:18], WEBHOOK[-12:]]
+    raw += [OTHER_WEBHOOK[-24:], OTHER_WEBHOOK[-12:]]
     for path in artifacts:
         data = path.read_bytes()
         assert not [r for r in raw if r.encode() in data], f"a raw credential in {path}"

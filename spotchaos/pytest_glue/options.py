@@ -14,6 +14,7 @@ from ..config.jobs import BACKENDS, Settings
 from ..config.profiles import PROFILES
 from ..errors import ConfigError
 from ..faults.plan import Plan
+from ..report.history import HISTORY_DIR
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class RunOptions:
     ray_address: str | None = None  # the user's Ray cluster instead of a local one
     warm: bool = True  # attempts of local Python jobs fork from a warm interpreter (host/warm)
     prefix: bool = True  # searched plans may start from the reference's checkpoints (training/prefix.py)
+    history: str | None = ".spotchaos"  # where each session's report is saved for compare (None: nowhere)
 
 
 def resolve(
@@ -57,6 +59,7 @@ def resolve(
     ray_address: str | None = None,
     warm: str | None = None,
     prefix: str | None = None,
+    history: str | None = None,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     resolved_seed = _seed(seed if seed is not None else environ.get("SPOTCHAOS_SEED"), last_seed)
@@ -104,7 +107,19 @@ def resolve(
         ray_address=ray_address,
         warm=_on_off("--spotchaos-warm (or SPOTCHAOS_WARM)", warm or environ.get("SPOTCHAOS_WARM") or "on"),
         prefix=_on_off("--spotchaos-prefix (or SPOTCHAOS_PREFIX)", prefix or environ.get("SPOTCHAOS_PREFIX") or "on"),
+        history=_history(history if history is not None else environ.get("SPOTCHAOS_HISTORY")),
     )
+
+
+def _history(value: str | None) -> str | None:
+    """Where saved runs go, relative to the project: ``off`` saves none."""
+    if value is None:
+        return HISTORY_DIR
+    if value == "off":
+        return None
+    if not value.strip() or "\0" in value:
+        raise ConfigError(f"--spotchaos-history (or SPOTCHAOS_HISTORY): expected a folder or 'off', got {value!r}")
+    return value
 
 
 def _seed(seed: str | None, last_seed: int | None) -> int:

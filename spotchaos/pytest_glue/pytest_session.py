@@ -29,7 +29,7 @@ from ..host.processes import children
 from ..record import ScenarioRecord, as_reported, note_error
 from ..report import build_report, now_iso, write_json, write_text
 from ..report.gate_cost import cost_line, per_job
-from ..report.history import HISTORY_DIR, save_run
+from ..report.history import save_run
 from ..report.markdown import render_markdown
 from ..report.summary import figure_lines, is_service, lost_steps, verdict_word
 from ..runner import ChaosRunner
@@ -135,6 +135,7 @@ def start(config: pytest.Config) -> None:
             ray_address=config.getoption("spotchaos_ray_address"),
             warm=config.getoption("spotchaos_warm"),
             prefix=config.getoption("spotchaos_prefix"),
+            history=config.getoption("spotchaos_history"),
             require_docker=config.getoption("spotchaos_require_docker"),
             require_gpu=config.getoption("spotchaos_require_gpu"),
             verbose=config.option.verbose > 0,
@@ -515,8 +516,9 @@ class _Collector:
             self.html_missing = str(exc)
         else:
             write_text(render_html(document), self.path.with_name("report.html"))
-        if state.scenarios:  # a session that ran nothing is not worth comparing against
-            self.saved = save_run(document, self.config.rootpath / HISTORY_DIR)
+        history = state.options.history
+        if state.scenarios and history is not None:  # a session that ran nothing is not worth comparing against
+            self.saved = save_run(document, self.config.rootpath / history)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:  # GitHub Actions shows this file on the run's page
             with open(summary, "a") as f:
@@ -549,7 +551,10 @@ class _Collector:
             if self.html_missing:
                 tr.write_line(f"report.html not written: {self.html_missing}")
         if self.saved is not None:
-            tr.write_line(f"saved as {self.saved} (compare runs with: spotchaos compare previous latest)")
+            tr.write_line(
+                f"saved as {self.saved} (compare runs with: spotchaos compare previous latest; "
+                "--spotchaos-history=off saves none)"
+            )
         if self.write_error is not None:
             tr.write_line(visible(f"ERROR: {self.write_error}"))
         if self.leaks:

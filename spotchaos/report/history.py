@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ReportError
-from .document import write_json
+from .document import write_json, write_text
 
 HISTORY_DIR = ".spotchaos"
 SAVED = re.compile(r"^(\d{4,})_([0-9a-f]+|nocommit)_(\d{8}T\d{6}Z)\.json$")
@@ -27,8 +27,15 @@ def saved_runs(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(SAVED.match(p.name).group(1)))
 
 
+IGNORE_FILE = "# written by spotchaos: saved reports of gate sessions, not source\n*\n"
+
+
 def save_run(document: dict[str, Any], directory: Path) -> Path:
-    """Save a copy of ``document`` as the next numbered run."""
+    """Save a copy of ``document`` as the next numbered run. The folder gets a ``.gitignore`` of
+    its own when spotchaos makes it (as ``.pytest_cache`` does), so a session leaves the project's
+    ``git status`` as it was; CI keeps the folder in a cache, not in the repository."""
+    if not directory.exists():
+        write_text(IGNORE_FILE, directory / ".gitignore")
     runs = saved_runs(directory)
     counter = int(SAVED.match(runs[-1].name).group(1)) + 1 if runs else 1
     commit = ((document.get("environment") or {}).get("git_commit") or "nocommit")[:8]

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, quote_plus, urlsplit
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
 import re2
 
@@ -45,6 +45,8 @@ MIN_SECRET_CHARS = 6  # shorter values ("1", "true") would blot out half the rep
 B64_WINDOW = 10  # 8 bytes always show as at least 10 base64 characters fixed by those bytes alone
 MIN_RANDOM_CHARS = 16  # a *_KEY value shorter than this is a name ("model-v1-abc"), not a key
 RANDOM_ENTROPY = 0.8  # Shannon entropy, as a fraction of the most its length allows, of a random key
+# a URL's query parameter that carries a credential whatever the host (?token=, &sig=, &X-Amz-Signature=)
+URL_SECRET_PARAM = re.compile(r"token|key|sig|secret|password|passwd|auth|credential|code", re.I)
 HEX = re.compile(r"[0-9a-fA-F]+")
 HEX_ENTROPY = 3.0  # detect-secrets' limit for hex strings
 MAX_VOWELS = 0.25  # of the letters: random base62 has about 16 %, words about 40 %
@@ -145,17 +147,38 @@ def secrets_of_variable(name: str, value: str) -> list[str]:
     its ``user:password``, a token)."""
     if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_CHARS:
         return [value]
-    found: list[str] = []
-    if "://" in value:
-        with contextlib.suppress(ValueError):
-            url = urlsplit(value)
-            if url.password:
-                found += [url.password, f"{url.username}:{url.password}"]
+    found = _url_secrets(value, key_named=bool(KEY_NAME.search(name))) if "://" in value else []
     data = value.encode("utf-8", "surrogateescape")
     found += [data[a:b].decode("utf-8", "replace") for a, b in shape_spans(data)]
     if not found and KEY_NAME.search(name) and _random_looking(value):
         found.append(value)
     return [f for f in dict.fromkeys(found) if len(f) >= MIN_SECRET_CHARS]
+
+
+def _url_secrets(value: str, *, key_named: bool) -> list[str]:
+    """What a URL holds of a credential on any host, known or not: its password, a query value
+    under a credential's name (``?token=``, ``&sig=``) and, when its variable is named like a key
+    (``ALERT_WEBHOOK_URL``), every path segment that looks generated (a webhook's secret is its
+    path). Unnamed URLs keep their paths: a tracking URI's run id is no secret to blot."""
+    try:
+        url = urlsplit(value)
+        params = parse_qsl(url.query, keep_blank_values=False)
+    except ValueError:
+        return []
+    found = [url.password, f"{url.username}:{url.password}"] if url.password else []
+    found += [v for k, v in params if URL_SECRET_PARAM.search(k)]
+    if key_named:
+        found += [url.username] if url.username and len(url.username) >= MIN_RANDOM_CHARS else []  # a DSN's key
+        found += [segment for segment in url.path.split("/") if _mixed(segment)]
+    return found
+
+
+def _mixed(segment: str) -> bool:
+    """A path segment long enough and mixed enough to be a generated token. No vowel rule here: a
+    token of 24 base62 characters has more than a quarter vowels among its letters one time in
+    four, and under a key's name a URL's long mixed segment is its secret."""
+    kinds = sum(any(test(c) for c in segment) for test in (str.islower, str.isupper, str.isdigit))
+    return len(segment) >= MIN_RANDOM_CHARS and kinds >= 2
 
 
 def secret_variables(env: Mapping[str, str]) -> dict[str, list[str]]:

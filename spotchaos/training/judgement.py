@@ -20,8 +20,9 @@ from .frameworks import framework_of, state_diff_ignore
 from .multirank.rank_verdict import add_rank_verdicts
 from .multirank.torchrun import published_before_ranks, published_without_metadata
 from .state.checkpoint_reader import ConfinedLoader, tensor_distances
-from .state.diff import KEEP_BYTES, StateDifference, kept_dir, too_big
+from .state.diff import StateDifference
 from .state.diff import compare as compare_kept
+from .state.kept import KEEP_BYTES, kept_dir, not_kept
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
 
@@ -35,20 +36,33 @@ def judge_run(
     backend: Callable[[], Any],
     root: Path,
     leaked: Callable[[], str | None],
+    noise: Callable[[], StateDifference | None] | None = None,
 ) -> Verdict:
     """``run`` of ``job`` judged against its ``reference``. ``backend``: the job's backend, asked
     for only when a checkpoint must be read in the job's confinement; ``leaked``: a failure naming
     where a secret of the job appeared, if one did, asked last (the state diff's helper writes into
-    the run's folder too)."""
+    the run's folder too); ``noise``: how a second uninterrupted run's checkpoints differ from the
+    reference's, asked only when the state diff found a latent difference (every loss matched): an
+    RNG never seeded is no restore gone wrong, and two uninterrupted runs are what shows it."""
     if envelope is not None and run.final is not None:  # how far its weights are from the reference's
         run.final["tensor_spread"] = weights_distance(job, reference, run)
     verdict = judge(reference, run, envelope)
     found = state_difference(job, reference, run, backend, root)
-    skipped = too_big(kept_dir(run.workdir))
-    if skipped:
-        verdict.precision += f"; state diff: {len(skipped)} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
+    skipped = not_kept(kept_dir(run.workdir))
+    if skipped["too_big"]:
+        count = len(skipped["too_big"])
+        verdict.precision += f"; state diff: {count} checkpoint(s) over {KEEP_BYTES >> 20} MiB not compared"
+    over = [*not_kept(kept_dir(reference.workdir))["over_budget"], *skipped["over_budget"]]
+    if over:
+        verdict.precision += (
+            f"; state diff: {len(over)} checkpoint(s) not kept, so not compared: the session's kept copies "
+            "reached their budget (a quarter of the free disk)"
+        )
     if found is not None:  # names the cause of a divergence, or is a latent failure of its own
-        verdict.failures.append(found.describe(latent=verdict.passed))
+        # a latent difference is the diff's word alone: only then is a second uninterrupted run worth its cost
+        latent = verdict.passed and noise is not None
+        unrepeatable = found.unrepeatable(repeated) if latent and (repeated := noise()) else None
+        verdict.failures.append(unrepeatable or found.describe(latent=verdict.passed))
         verdict.passed = False
         verdict.state_difference = asdict(found)
     if job.multi_rank:  # what only the other ranks show: their own trajectories, samples
@@ -81,10 +95,17 @@ def weights_distance(job: JobSpec, reference: RunRecord, run: RunRecord) -> dict
 
 
 def state_difference(
-    job: JobSpec, reference: RunRecord, run: RunRecord, backend: Callable[[], Any], root: Path
+    job: JobSpec,
+    reference: RunRecord,
+    run: RunRecord,
+    backend: Callable[[], Any],
+    root: Path,
+    *,
+    uninterrupted: bool = False,
 ) -> StateDifference | None:
-    """The first checkpoint written after a resume whose state differs from the reference's."""
-    if not job.state_diff or len(run.attempts) < 2 or job.launcher != "python":
+    """The first checkpoint written after a resume whose state differs from the reference's;
+    ``uninterrupted``: ``run`` is a second uninterrupted run, whose own checkpoints are compared."""
+    if not job.state_diff or job.launcher != "python" or (len(run.attempts) < 2 and not uninterrupted):
         return None
     chosen = backend() or SubprocessBackend()
     confined = ConfinedLoader(
@@ -106,4 +127,5 @@ def state_difference(
         ),
         exact_floats=job.exactness == "bit",
         runs=(str(reference.workdir), str(run.workdir)),
+        first_attempt=0 if uninterrupted else 1,
     )

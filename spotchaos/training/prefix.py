@@ -33,7 +33,7 @@ from ..config.jobs import JobSpec
 from ..faults.plan import Plan
 from ..safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
 from .engine.hold import CheckpointHold
-from .state.diff import MTIME_SLACK_NS
+from .state.kept import MTIME_SLACK_NS
 from .trajectory import Attempt, RunRecord
 
 SNAPSHOTS_SUFFIX = ".snapshots"

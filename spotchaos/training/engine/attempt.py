@@ -29,7 +29,7 @@ from ..logadapter import LogEventReader, StepConvention
 from ..multirank import torchrun
 from ..restarts import diagnose
 from ..state.checkpoint_reader import ConfinedLoader
-from ..state.diff import keep, kept_dir
+from ..state.kept import keep, kept_dir
 from ..trajectory import Attempt, FaultRecord
 from .hold import (
     ENV_HOLD_PATTERN,
@@ -254,7 +254,7 @@ class AttemptRun:
 
             def on_checkpoint(event: dict) -> None:
                 if keeping:
-                    keep(event, self.index, self.checkpoints, kept_dir(self.workdir))
+                    keep(event, self.index, self.checkpoints, kept_dir(self.workdir), self.options.kept)
                 if snapshots is not None and held is not None:
                     snapshots.take(event, self.checkpoints, held)
 

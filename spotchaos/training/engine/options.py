@@ -13,6 +13,7 @@ from ...host.gpu_leases import GpuPool
 from ...host.leftovers import LiveJobs
 from ...host.warm.pool import WarmStarts
 from ..logadapter import StepConvention
+from ..state.kept import KeptCopies
 
 if TYPE_CHECKING:
     from ..prefix import Prefix, Snapshots
@@ -51,6 +52,8 @@ class EngineOptions:
     # keep copies of the checkpoints as they appear, for the state diff: "all" (the uninterrupted
     # run), "resumed" (those written by attempts after a resume), "" (none)
     keep_checkpoints: str = ""
+    # the session's kept copies: their budget, identical files linked (None: unbounded, each copied)
+    kept: KeptCopies | None = None
     # a torchrun job: the rank whose file-system events trace_fs logs (crash points are per rank)
     trace_rank: int | None = None
     # a torchrun job resumed on another world size: the ranks per node of every attempt after the first

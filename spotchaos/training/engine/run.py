@@ -19,7 +19,7 @@ from ...config.jobs import JobSpec
 from ...errors import JobError
 from ...faults.plan import Plan
 from ..multirank.group_restarts import split_group_restarts
-from ..state.diff import kept_dir
+from ..state.kept import kept_dir
 from ..trajectory import Attempt, FaultRecord, RunRecord
 from .attempt import AttemptRun
 from .damage import damage_newest

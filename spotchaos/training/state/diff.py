@@ -18,98 +18,17 @@ job's confinement (``confined/state_diff.py``). Paths of each run's own director
 from __future__ import annotations
 
 import fnmatch
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
-from ...safety.safefs import UnsafeFile, open_beneath, regular_files
+from ...safety.safefs import regular_files
 from .checkpoint_reader import ConfinedLoader
 from .confined.state_diff import diff
 from .formats import AsBytes, NeedsConfinement, load_state, same_bytes
 
-KEPT_SUFFIX = ".kept"
-KEEP_BYTES = 256 << 20  # a checkpoint larger than this is not kept: said, not compared
 SHOWN = 8  # differences shown per checkpoint
-
-
-def kept_dir(workdir: Path | str) -> Path:
-    """Where a run's kept checkpoints go: beside its folder, not in it, so no job (nor a container,
-    which gets only the run's folder) can plant a link where the harness writes its copies."""
-    workdir = Path(workdir)
-    return workdir.parent / f"{workdir.name}{KEPT_SUFFIX}"
-
-
-def keep(event: dict[str, Any], attempt: int, checkpoints: Path, into: Path) -> None:
-    """Copy the checkpoint a ``checkpoint`` event reports (a file, or a folder of files) to
-    ``into/a<attempt>-s<step>/``: regular files only, no link followed, only from inside the run's
-    checkpoint directory, whole or not at all (the job may rotate it away while it is copied)."""
-    if event.get("reason") == "observed" and "stored" not in event:
-        return  # a log-adapter checkpoint credited to the step printed when it was seen: timing, not content
-    parsed = urlparse(event.get("uri", ""))
-    if parsed.scheme not in ("", "file"):
-        return  # S3 objects are not kept
-    path = Path(os.path.normpath(unquote(parsed.path) or "."))
-    if not path.is_absolute() or not path.is_relative_to(checkpoints) or path == checkpoints:
-        return
-    # a log-adapter checkpoint by the key it stores (its step is re-credited once the uninterrupted
-    # run has taught the convention), a probe's by its step
-    label = f"k{event['stored']}" if "stored" in event else f"s{event['step']}"
-    final = into / f"a{attempt}-{label}"
-    if final.exists():
-        return
-    partial = into / f".partial-{final.name}"
-    try:
-        partial.mkdir()  # refuses anything already there, a link included
-    except OSError:
-        return
-    try:
-        folder = path.is_dir() and not path.is_symlink()
-        files = regular_files(path) if folder else [path]
-        total = 0
-        for file in files:
-            fd = open_beneath(checkpoints, file.relative_to(checkpoints))
-            with os.fdopen(fd, "rb") as source:
-                before = os.fstat(source.fileno())
-                if rewritten(event, before, in_folder=folder):
-                    raise Rewritten
-                total += before.st_size
-                if total > KEEP_BYTES:
-                    (into / f"{final.name}.too-big").write_text(str(total))
-                    raise OverflowError
-                name = file.relative_to(path) if path.is_dir() else Path(file.name)
-                (partial / name).parent.mkdir(parents=True, exist_ok=True)
-                with open(partial / name, "xb") as target:
-                    shutil.copyfileobj(source, target)
-                if os.fstat(source.fileno()).st_mtime_ns != before.st_mtime_ns:
-                    raise Rewritten  # written to while it was copied
-        partial.rename(final)
-    except (OSError, UnsafeFile, OverflowError, ValueError, Rewritten):
-        shutil.rmtree(partial, ignore_errors=True)
-
-
-class Rewritten(Exception):
-    """The checkpoint file was saved over after the event that reported it: what could be copied
-    now is another step's state, and comparing it as this step's would be a false alarm (a plain
-    script that overwrites one ``ckpt.pt``, its copy taken late on a loaded machine)."""
-
-
-MTIME_SLACK_NS = 50_000_000  # file times are coarser than time.time(): a file saved just before its event
-
-
-def rewritten(event: dict[str, Any], info: os.stat_result, *, in_folder: bool = False) -> bool:
-    """Whether the file is no longer the version the event reported: the log adapter says which
-    version it read (``mtime_ns``); a probe's one-file checkpoint is reported after its save, at
-    ``t``, so a file modified after that is a later save. (A checkpoint folder's files may be
-    finished after its event, by a framework's callbacks: its new folder per save is the norm.)"""
-    if isinstance(event.get("mtime_ns"), int):
-        return info.st_mtime_ns != event["mtime_ns"]
-    if in_folder:
-        return False
-    t = event.get("t")
-    return isinstance(t, int | float) and info.st_mtime_ns > int(t * 1e9) + MTIME_SLACK_NS
+ENTRIES_KEPT = 256  # differing entries a difference keeps by name (the report's, and the noise check's)
 
 
 @dataclass
@@ -120,6 +39,7 @@ class StateDifference:
     label: str  # "s<step>" (a probe's checkpoint) or "k<stored step key>" (a log-adapter one)
     differences: list[str] = field(default_factory=list)
     more: int = 0
+    entries: list[str] = field(default_factory=list)  # every differing entry ("rng.python", "trainer.pt:step")
 
     def describe(self, latent: bool) -> str:
         shown = "; ".join(self.differences) + (f"; and {self.more} more" if self.more else "")
@@ -133,6 +53,22 @@ class StateDifference:
             )
         return f"state not restored: {where} differs from the uninterrupted run's: {shown}"
 
+    def unrepeatable(self, noise: StateDifference) -> str | None:
+        """Said instead of :meth:`describe` when a second uninterrupted run's checkpoint (``noise``)
+        already differs from the first's in an entry this one differs in: that state was never
+        repeatable, so no resume restored it wrong (an RNG the job never seeded, say)."""
+        shared = [entry for entry in self.entries if entry in set(noise.entries)]
+        if not shared:
+            return None
+        which = f"after step {noise.label[1:]}" if noise.label.startswith("s") else f"storing step {noise.label[1:]}"
+        shown = ", ".join(shared[:SHOWN]) + (f" and {len(shared) - SHOWN} more" if len(shared) > SHOWN else "")
+        return (
+            f"not deterministic without any preemption: two uninterrupted runs already differ in {shown} "
+            f"(their checkpoints {which}), the state the resumed run's checkpoint differs in too, so this is no "
+            "restore gone wrong: seed what draws it (random.seed, numpy.random.seed, torch.manual_seed at start), "
+            "or list the entries in state_diff_ignore if they are no state"
+        )
+
 
 def compare(
     reference_kept: Path,
@@ -142,15 +78,17 @@ def compare(
     ignore: tuple[str, ...] = (),
     exact_floats: bool = True,
     runs: tuple[str, str] = ("", ""),
+    first_attempt: int = 1,
 ) -> StateDifference | None:
     """The first kept checkpoint of a resumed attempt that differs from the reference's of its step.
-    ``runs`` are the two runs' directories: a path under one names ``{run}``, as under the other."""
+    ``runs`` are the two runs' directories: a path under one names ``{run}``, as under the other.
+    ``first_attempt``: 0 compares a second uninterrupted run's own checkpoints too."""
     kept = sorted(
         (int(a), int(label[1:]), label, p)
         for p in (chaos_kept.iterdir() if chaos_kept.is_dir() else [])
         if p.name.startswith("a") and "-" in p.name
         for a, label in [p.name[1:].split("-", 1)]
-        if a.isdigit() and int(a) > 0 and label[:1] in ("s", "k") and label[1:].lstrip("-").isdigit()
+        if a.isdigit() and int(a) >= first_attempt and label[:1] in ("s", "k") and label[1:].lstrip("-").isdigit()
     )
     for attempt, _, label, path in kept:
         reference = reference_kept / f"a0-{label}"
@@ -158,7 +96,9 @@ def compare(
             continue
         found, more = _compare_folders(reference, path, confined, ignore, exact_floats, runs)
         if found:
-            return StateDifference(attempt, label, found[:SHOWN], more + max(0, len(found) - SHOWN))
+            texts = [text for _, text in found]
+            entries = [entry for entry, _ in found][:ENTRIES_KEPT]
+            return StateDifference(attempt, label, texts[:SHOWN], more + max(0, len(texts) - SHOWN), entries)
     return None
 
 
@@ -169,18 +109,18 @@ def _compare_folders(
     ignore: tuple[str, ...],
     exact_floats: bool,
     runs: tuple[str, str],
-) -> tuple[list[str], int]:
-    """Every file of two kept checkpoints, compared; differences ranked causes first (counters and
-    RNG states before the tensors a divergence drags along), across files."""
+) -> tuple[list[tuple[str, str]], int]:
+    """Every file of two kept checkpoints, compared: (entry, what differs) ranked causes first
+    (counters and RNG states before the tensors a divergence drags along), across files."""
     names = sorted({str(p.relative_to(reference)) for p in regular_files(reference)})
     names = sorted(set(names) | {str(p.relative_to(chaos)) for p in regular_files(chaos)})
     single = len(names) == 1
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, str, str]] = []
     more = 0
     for name in names:
         a, b = reference / name, chaos / name
         if not a.exists() or not b.exists():
-            found.append((0, f"{name}: {_presence(a)} vs {_presence(b)}"))
+            found.append((0, name, f"{name}: {_presence(a)} vs {_presence(b)}"))
             continue
         result = _diff_files(a, b, confined, exact_floats, runs)
         more += result.get("more", 0)
@@ -190,8 +130,8 @@ def _compare_folders(
                 continue
             same = d["reference"] == d["chaos"]
             rank = d["rank"] if isinstance(d.get("rank"), int) else 3
-            found.append((rank, f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"))
-    return [text for _, text in sorted(found)], more
+            found.append((rank, entry, f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"))
+    return [(entry, text) for _, entry, text in sorted(found)], more
 
 
 def _presence(path: Path) -> str:
@@ -218,10 +158,3 @@ def _diff_files(
             return {"differences": [{"entry": "(bytes)", "reference": "differs", "chaos": "differs"}]}
         return answer
     return diff(x, y, SHOWN * 4, exact_floats=exact_floats, runs=runs, within=a.name)
-
-
-def too_big(kept: Path) -> list[str]:
-    """The checkpoints a run wrote after a resume that were over KEEP_BYTES: not kept, not compared."""
-    if not kept.is_dir():
-        return []
-    return sorted(p.name.removesuffix(".too-big") for p in kept.glob("a*.too-big") if not p.name.startswith("a0-"))
