@@ -1,12 +1,16 @@
-"""A light core: ``pip install spotchaos`` brings no torch, moto, matplotlib or docker SDK, and a
-job that only uses the probe is still gated by ``pytest --spotchaos``, for real, in a fresh venv."""
+"""A light core: the wheel built from the checkout (``pip wheel .``) installs no torch, moto,
+matplotlib or docker SDK, holds what runs from the package (the built-in scenarios, the zygote, the
+report's template), and a job that only uses the probe is still gated by ``pytest --spotchaos``, for
+real, in a fresh venv."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import textwrap
+import zipfile
 
 from .helpers import ROOT, fresh_venv
 
@@ -51,8 +55,29 @@ def test_the_core_install_has_no_heavy_package_and_gates_a_probe_only_job(tmp_pa
     env = {
         k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY")
     }  # the installed copy only
+    # what a user without a package index does: build the wheel from the checkout, install it
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+    )
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-3000:]
+    (wheel,) = dist.glob("spotchaos-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    needed = {
+        "spotchaos/scenarios/test_preemption.py",  # the built-in scenarios run from the installed package
+        "spotchaos/templates/report.html.j2",
+        "spotchaos/host/warm/zygote.py",  # run by the job's own interpreter, by path
+        "spotchaos/py.typed",
+    }
+    assert needed <= names, f"the wheel lacks {sorted(needed - names)}"
     venv = tmp_path / "venv"
-    python = fresh_venv(venv, str(ROOT), env=env, timeout=900)
+    python = fresh_venv(venv, str(wheel), env=env, timeout=900)
     heavy = ("torch", "moto", "boto3", "matplotlib", "jinja2", "docker", "numpy", "pytest_benchmark")
     probe = f"import importlib.util as u; print([m for m in {heavy!r} if u.find_spec(m)])"
     found = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True, timeout=60, env=env)

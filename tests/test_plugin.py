@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 
@@ -345,6 +348,26 @@ def test_a_project_that_only_declares_a_job_gets_the_built_in_scenarios(pytester
     assert "8/16 tests collected (8 deselected)" in listed.stdout.str()  # the multi-rank and service ones do not fit
     off = pytester.runpytest_subprocess("--collect-only", "-q")  # without --spotchaos: nothing of spotchaos
     assert "test_preemption.py" not in off.stdout.str()
+
+
+def test_a_built_in_scenarios_replay_command_runs_as_printed_in_the_users_project(pytester):
+    """The built-in scenarios live in the package (site-packages for a user), outside the
+    project: the replay names the scenario's module with --pyargs, and runs as printed."""
+    pytester.makefile(".toml", pyproject=pyproject("broken_no_rng_restore"))
+    first = pytester.runpytest_subprocess(
+        "--spotchaos", "--spotchaos-seed=7", "--spotchaos-examples=1", "-k", "test_hard_kill_then_resume_is_bit_exact"
+    )
+    first.assert_outcomes(failed=1)
+    (scenario,) = report(pytester)["scenarios"]
+    argv = shlex.split(scenario["replay"])
+    assert argv[:2] == ["pytest", "--spotchaos"] and "--pyargs" in argv, argv
+    assert argv[-1] == "spotchaos.scenarios.test_preemption::test_hard_kill_then_resume_is_bit_exact[ref]", argv
+    replayed = subprocess.run(
+        [sys.executable, "-m", *argv], cwd=pytester.path, capture_output=True, text=True, check=False
+    )
+    assert replayed.returncode == 1 and "1 failed" in replayed.stdout, replayed.stdout[-3000:] + replayed.stderr
+    (again,) = report(pytester)["scenarios"]
+    assert again["failing_plan"] == scenario["failing_plan"] and again["verdict"]["first_divergence"]["field"] == "loss"
 
 
 @pytest.mark.parametrize(("setting", "built_in"), [("", False), ("builtin = true", True), ("builtin = false", False)])

@@ -262,8 +262,22 @@ def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
         parts.append(f"--spotchaos-image='{state.options.image}'")
     if state.options.backend:
         parts.append(f"--spotchaos-backend={state.options.backend}")
-    parts.append(f"'{item.nodeid}'")
+    parts += _replay_target(item)
     return " ".join(parts)
+
+
+def _replay_target(item: pytest.Item) -> list[str]:
+    """The test to run again, as it runs from the project: its node id, or for a scenario of the
+    package's own (which lives in site-packages, outside the project, where a node id is no path
+    pytest can take) its module by name with ``--pyargs``."""
+    path = Path(str(item.path)).resolve()
+    if not path.is_relative_to(BUILTIN):
+        return [f"'{item.nodeid}'"]
+    module = ".".join((BUILTIN.parent.name, BUILTIN.name, *path.relative_to(BUILTIN).with_suffix("").parts))
+    chain = item.listchain()
+    start = next((i for i, node in enumerate(chain) if isinstance(node, pytest.Module)), len(chain) - 2)
+    inner = "::".join(node.name for node in chain[start + 1 :])
+    return ["--pyargs", f"'{module}::{inner}'"]
 
 
 def _junit_xml(config: pytest.Config):
