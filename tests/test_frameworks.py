@@ -60,6 +60,14 @@ def test_a_trainer_started_again_after_its_final_checkpoint_trains_an_extra_step
     assert "steps the reference never ran: 26; hint: started again after it had finished" in message, message
 
 
+def test_a_trainer_that_logs_every_few_steps_passes_though_its_logged_running_loss_restarts(runner):
+    """logging_steps = 4: the first log after a resume averages the steps since the resume, not
+    since the previous log, so trainer_state.json's log_history differs from the uninterrupted
+    run's. A report of the losses, not state: no latent failure (every step's loss is compared)."""
+    verdict = runner.check(job("hf-trainer", "--logging-steps", "4"), Plan.parse("sigkill@9"))
+    assert verdict.passed and verdict.state_difference is None, verdict.message()
+
+
 def test_the_lightning_docs_recipe_is_never_bit_exact_and_says_why(runner):
     message = failure_of(runner, job("lightning", "--recipe"), "sigkill@9")
     line = next(x for x in message.splitlines() if "diverged" in x)

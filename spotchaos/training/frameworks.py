@@ -32,7 +32,13 @@ STATE_DIFF_IGNORE: dict[str, tuple[str, ...]] = {
     # trainer_state.json's timings are caught by name (train_runtime, ...) and a path of the run's
     # own (best_model_checkpoint) compares as {run}; TrainerControl's flags say what the loop was
     # asked to do at that moment (a SIGTERM save also says "stop"), not state a resume restores
-    "transformers": ("trainer_state.json:stateful_callbacks.TrainerControl.*",),
+    "transformers": (
+        "trainer_state.json:stateful_callbacks.TrainerControl.*",
+        # log_history's "loss" is the mean of the losses since the previous log, and a resumed Trainer
+        # starts that mean again at the resume: with logging_steps > 1 the first log after it averages
+        # fewer steps. A report of the losses, not state; each step's own loss is compared exactly.
+        "trainer_state.json:log_history.*.loss",
+    ),
     "lightning": _LIGHTNING,
     "pytorch_lightning": _LIGHTNING,
     "accelerate": (),
