@@ -21,6 +21,12 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hooks)
 
 
+HISTORY_HELP = (
+    "where each session's report is saved for 'spotchaos compare', relative to the project "
+    "(default: .spotchaos, which holds a .gitignore of its own; off: none)"
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("spotchaos", "preempt real training jobs and check they resume bit-exact")
     group.addoption("--spotchaos", action="store_true", help="run chaos scenarios (default: skipped)")
@@ -96,17 +102,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="searched plans start from a copy of the reference's checkpoint before their first fault, not step 0 "
         "(default: on; a scenario's first plan always starts from step 0)",
     )
-    group.addoption(
-        "--spotchaos-history",
-        metavar="DIR|off",
-        help="where each session's report is saved for 'spotchaos compare', relative to the project "
-        "(default: .spotchaos, which holds a .gitignore of its own; off: none)",
-    )
-    group.addoption(
-        "--spotchaos-keep-runs",
-        action="store_true",
-        help="keep the working directory of passing runs too (default: only failing ones)",
-    )
+    group.addoption("--spotchaos-history", metavar="DIR|off", help=HISTORY_HELP)
+    group.addoption("--spotchaos-keep-runs", action="store_true", help="keep passing runs' folders too (default: not)")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -99,8 +99,6 @@ class SessionCore:
         self._references: dict[str, RunRecord] = {}
         self._conventions: dict[str, StepConvention] = {}  # job key -> how its log-adapter script counts
         self._audits: dict[str, Audit] = {}  # job key -> what its repeated uninterrupted runs showed
-        self._noise: dict[str, StateDifference | None] = {}  # job key -> a second uninterrupted run's state diff
-        self._noise_lock = threading.Lock()
         self._lock = threading.Lock()
         self._counter = 0
         self._docker: DockerSession | None = None  # started with the first container job
@@ -330,28 +328,12 @@ class SessionCore:
             backend=lambda: self.backend(job),
             root=self.root,
             leaked=lambda: self.leaks(job, record),
-            noise=lambda: self.state_noise(job),
+            noise=lambda: _state_noise(self, job),
         )
         note_harness(time.monotonic() - judging)
         if verdict.passed:
             self.discard(record)
         return record, verdict
-
-    def state_noise(self, job: JobSpec) -> StateDifference | None:
-        """How a second uninterrupted run's checkpoints differ from the reference's: run once per
-        session and job, and only when a run's state differs (a failure's path, never a pass's)."""
-        key = job.key()
-        with self._noise_lock:  # plans judged in parallel wait for the one run
-            if key in self._noise:
-                return self._noise[key]
-            workdir = self.next_dir(f"{job.name}-uninterrupted2")
-            record = self.execute(job, Plan(), workdir, keep_checkpoints="all")
-            reference = self.reference(job)
-            self._noise[key] = state_difference(
-                job, reference, record, lambda: self.backend(job), self.root, uninterrupted=True
-            )
-            self.discard(record)
-            return self._noise[key]
 
     def secrets_of(self, job: JobSpec) -> list[str]:
         """What no output of ``job`` may show: its secret-named variables and every S3 secret handed out."""
@@ -416,3 +398,21 @@ def _audit(core: SessionCore, job: JobSpec, reference: RunRecord) -> Audit:
     # for the report: whether the job is bit-reproducible, the mode it is judged in, its envelope
     reference.audit = {**result.to_dict(), "exactness": job.exactness, "envelope_factor": job.envelope_factor}
     return result
+
+
+_NOISE_LOCK = threading.Lock()  # plans judged in parallel wait for the one second run
+
+
+def _state_noise(core: SessionCore, job: JobSpec) -> StateDifference | None:
+    """How a second uninterrupted run's checkpoints differ from the reference's: run once per
+    session and job, and only when a run's state differs (a failure's path, never a pass's)."""
+    key = ("state noise", job.key())
+    with _NOISE_LOCK:
+        if key not in core.cache:
+            record = core.execute(job, Plan(), core.next_dir(f"{job.name}-uninterrupted2"), keep_checkpoints="all")
+            reference = core.reference(job)
+            core.cache[key] = state_difference(
+                job, reference, record, lambda: core.backend(job), core.root, uninterrupted=True
+            )
+            core.discard(record)
+        return core.cache[key]

@@ -5,9 +5,12 @@ cluster left once it closes. The built-in scenarios on it are the main job's (sc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from spotchaos.backends.raycluster import LocalRayCluster
+from spotchaos.backends.raycluster.cluster import LOOPBACK_ENV
 from spotchaos.config.jobs import ConfigError, JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import SpotchaosError
 from spotchaos.families.preemption import ChaosFailure
@@ -30,6 +34,7 @@ from .helpers import FIXTURES, ROOT, is_alive, run_pytest, trainer_job
 
 SETTINGS = load_settings(ROOT / "pyproject.toml")
 RAY_JOB = next(job for job in SETTINGS.jobs if job.name == "reference-ray")
+NOBODY = pwd.getpwnam("nobody").pw_uid
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +159,73 @@ pids = [p for d in children(os.getpid()) for p in descendants(d)]
 print(json.dumps({"pids": pids, "temp": cluster.temp_dir}), flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # pytest killed with the cluster open: nothing closes it
 """
+
+
+INTRUDER = """
+import sys, ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+def plant(path):
+    open(path, "w").write("ran as the session's user")
+
+ray.get(plant.remote(sys.argv[2]), timeout=60)
+print("TASK RAN")
+"""
+
+
+def _a_python_that_imports_ray(user: str | None, env: dict, cwd: Path) -> str:
+    """This venv's interpreter may live where ``nobody`` cannot go (pyenv under /root): then the
+    system's, of the same version, with this venv's packages on its path."""
+    candidates = [sys.executable, "/usr/bin/python3", f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}"]
+    for python in candidates:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            probe = subprocess.run(
+                [python, "-c", "import ray"], user=user, env=env, cwd=str(cwd), capture_output=True, timeout=120
+            )
+            if probe.returncode == 0:
+                return python
+    raise AssertionError(f"no interpreter {user or 'this user'} can run imports this venv's Ray: {candidates}")
+
+
+def test_another_local_user_cannot_run_a_task_on_the_sessions_cluster(ray_runner, tmp_path):
+    """The cluster listens on a loopback every local user shares: without the session's token (a
+    file of its private folder) a driver of another user is refused, and nothing of theirs runs.
+    As root (CI) the driver runs as ``nobody``; otherwise as this user without the token."""
+    cluster = ray_runner.ray_cluster()
+    token = Path(cluster.client_environment()["RAY_AUTH_TOKEN_PATH"])
+    assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
+    home = tmp_path / "nobody"
+    home.mkdir()
+    if os.getuid() == 0:
+        os.chown(home, NOBODY, -1)
+    planted = tmp_path / "planted"  # a task that ran would write it, as the cluster's user
+    tmp_path.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TMPDIR": str(home), "RAY_TMPDIR": str(home)}
+    env.update(LOOPBACK_ENV)  # the intruder's Ray on loopback too (else it dials the machine's own address)
+    import ray
+
+    env["PYTHONPATH"] = str(Path(ray.__file__).parent.parent)  # this venv's Ray, readable by anyone
+    user = "nobody" if os.getuid() == 0 else None
+    python = _a_python_that_imports_ray(user, env, home)
+    intruder = subprocess.Popen(
+        [python, "-c", INTRUDER, cluster.gcs_address, str(planted)],
+        user=user,
+        env=env,
+        cwd=str(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:  # Ray's client retries a refused GCS for minutes: 30 s of refusals are the answer
+        said, _ = intruder.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(intruder.pid, signal.SIGKILL)
+        said, _ = intruder.communicate()
+    assert "TASK RAN" not in said, said[-3000:]
+    assert "InvalidAuthToken" in said or "Unauthenticated" in said, said[-3000:]  # for want of the token
+    assert not planted.exists()
 
 
 def test_a_cluster_left_by_a_killed_session_is_ended_by_the_next(tmp_path):

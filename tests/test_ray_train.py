@@ -163,9 +163,12 @@ def test_a_loop_that_returns_on_the_notice_is_named(train_runner):
 
 @pytest.mark.unit
 def test_the_driver_joins_the_cluster_and_hands_its_workers_the_probes_variables_only():
-    cluster = LocalRayCluster(workers=1)  # not started: its address and environment are known already
-    env = driver_environment({"SPOTCHAOS_EVENTS": "/e", "AWS_SECRET_ACCESS_KEY": "s", "PATH": "/bin"}, cluster)
-    assert env["RAY_ADDRESS"] == cluster.gcs_address and env["RAY_AUTH_MODE"] == "disabled"
+    cluster = LocalRayCluster(workers=1)  # not started: its address is known already
+    cluster._auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/private/auth_token"}  # as __enter__ does
+    given = {"SPOTCHAOS_EVENTS": "/e", "AWS_SECRET_ACCESS_KEY": "s", "PATH": "/bin", "RAY_AUTH_TOKEN": "users"}
+    env = driver_environment(given, cluster)
+    assert env["RAY_ADDRESS"] == cluster.gcs_address and env["RAY_AUTH_MODE"] == "token"
+    assert env["RAY_AUTH_TOKEN_PATH"] == "/private/auth_token" and "RAY_AUTH_TOKEN" not in env
     assert json.loads(env[JOB_CONFIG_VARIABLE]) == {"runtime_env": {"env_vars": {"SPOTCHAOS_EVENTS": "/e"}}}
     assert env["PATH"] == "/bin" and env["no_proxy"] == "127.0.0.1,localhost"
     run = RunRecord(job="j", plan="p", attempts=[], wall_seconds=0.0, workdir="")

@@ -23,6 +23,7 @@ import abc
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -42,12 +43,15 @@ from ...host.processes import descendants, describe, end, start_time, sweep
 
 # every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
 # closed port on 127.0.0.1 and fails)
-# The harness's own cluster answers on loopback only and lives for one session; Ray 2.60 turns on
-# token authentication for `ray start` as soon as ~/.ray/auth_token exists (any earlier local
-# `ray.init()` writes one), and the head's raylet then fails to join its own GCS. The cluster's
-# processes, the harness's client and its Ray Train drivers all run with it off, whatever the
-# user's home holds; the user's cluster (--spotchaos-ray-address) keeps its own settings.
-PRIVATE_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled"}
+# The harness's own cluster answers on loopback, which every local user shares: it admits only
+# this session, by a token of its own (token authentication, RAY_AUTH_MODE=token) in a file of the
+# cluster's private folder (0600 in 0700), named by RAY_AUTH_TOKEN_PATH to its processes, the
+# harness's client and its Ray Train drivers. Never ~/.ray/auth_token, which any earlier local
+# `ray.init()` writes and Ray 2.60 then picks up by itself; a RAY_AUTH_TOKEN of the user's
+# environment is dropped (it would win over the file). The user's cluster (--spotchaos-ray-address)
+# keeps its own settings.
+AUTH_TOKEN_FILE = "auth_token"
+INHERITED_TOKEN = "RAY_AUTH_TOKEN"
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -77,11 +81,35 @@ def import_ray() -> Any:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
 
 
+def _private_token(folder: str) -> dict[str, str]:
+    """A fresh token in a file only this user can read (``folder`` is mkdtemp's, 0700), and the
+    variables that make a Ray process use it."""
+    path = os.path.join(folder, AUTH_TOKEN_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path}
+
+
+def _reload_ray_auth() -> None:
+    """Ray reads its authentication mode and token once per process and caches both: read again,
+    from the environment as it is now."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment for a while (Ray reads them as it connects)."""
+def _environment(values: dict[str, str | None]) -> Iterator[None]:
+    """``values`` in this process's environment for a while (Ray reads them as it connects); None
+    unsets a variable."""
     saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         yield
     finally:
@@ -201,6 +229,7 @@ class LocalRayCluster(RayCluster):
         self.workers = workers
         self.cpus, self.gpus, self.resources = cpus, gpus, dict(resources or {})
         self._temp_dir: str | None = None
+        self._ray_dir = ""  # Ray's --temp-dir, inside _temp_dir
         self._port = 0
         self._head: subprocess.Popen | None = None
         self._starters: dict[str, subprocess.Popen] = {}  # node name -> its `ray start --block`
@@ -213,6 +242,8 @@ class LocalRayCluster(RayCluster):
         self._killed: list[int] = []
         self._live_entry: Any = None
         self._marker = ""
+        self._auth_env: dict[str, str] = {}
+        self._client_env = contextlib.ExitStack()
 
     def __enter__(self) -> LocalRayCluster:
         self.ray = import_ray()
@@ -225,9 +256,13 @@ class LocalRayCluster(RayCluster):
         # process dies without closing it (SIGKILL, OOM), as it ends a dead session's jobs
         self._marker = f"ray-cluster-{uuid.uuid4().hex[:12]}"
         self._live_entry = self._live.add(self._marker, {"scratch": self._temp_dir})
-        # Ray writes the address of "the current cluster" under RAY_TMPDIR/ray (else /tmp/ray, shared
-        # with every Ray user of the machine): for the nodes, inside the cluster's own folder
-        os.makedirs(os.path.join(self._temp_dir, "ray"))
+        # Ray's own folder is one level down: Ray makes the folder it is given writable by everyone
+        # (0777, its sockets inside), and this one (mkdtemp's 0700) keeps every other user out of
+        # it and holds the cluster's token beside it. Ray writes the address of "the current
+        # cluster" under RAY_TMPDIR/ray (else /tmp/ray, shared with every Ray user of the machine)
+        self._ray_dir = os.path.join(self._temp_dir, "r")
+        os.makedirs(os.path.join(self._ray_dir, "ray"))
+        self._auth_env = _private_token(self._temp_dir)
         try:
             self._port = free_port()
             self._head = self._ray_start(
@@ -237,7 +272,7 @@ class LocalRayCluster(RayCluster):
                     f"--port={self._port}",
                     "--num-cpus=0",
                     "--include-dashboard=false",
-                    f"--temp-dir={self._temp_dir}",
+                    f"--temp-dir={self._ray_dir}",
                 ],
             )
             self._connect(timeout=90)
@@ -256,7 +291,7 @@ class LocalRayCluster(RayCluster):
         return f"127.0.0.1:{self._port}"
 
     def client_environment(self) -> dict[str, str]:
-        return dict(PRIVATE_CLUSTER_ENV)
+        return dict(self._auth_env)
 
     @property
     def temp_dir(self) -> str | None:
@@ -264,7 +299,8 @@ class LocalRayCluster(RayCluster):
         return self._temp_dir
 
     def _ray_start(self, name: str, args: list[str]) -> subprocess.Popen:
-        env = {**os.environ, **LOOPBACK_ENV, **PRIVATE_CLUSTER_ENV, "RAY_TMPDIR": str(self._temp_dir)}
+        env = {**os.environ, **LOOPBACK_ENV, **self._auth_env, "RAY_TMPDIR": self._ray_dir}
+        env.pop(INHERITED_TOKEN, None)
         env[MARKER_VARIABLE] = self._marker
         ray_cli = [sys.executable, "-m", "spotchaos.backends.raycluster.node_main"]  # loopback only: see there
         # each node's agents on ports of its own: Ray's fixed defaults would collide on one machine
@@ -288,13 +324,16 @@ class LocalRayCluster(RayCluster):
         return process
 
     def _connect(self, timeout: float) -> None:
+        # this client joins as the cluster's processes do, for as long as it drives the cluster (Ray's
+        # gRPC threads may read the token again at any time): the variables stay until close()
+        self._client_env.enter_context(_environment({**self._auth_env, INHERITED_TOKEN: None}))
+        _reload_ray_auth()
         deadline = time.monotonic() + timeout
         while True:
             if self._head is not None and self._head.poll() is not None:
                 raise BackendError(f"the local Ray head exited ({self._head.returncode}): {self._log_tail('head')}")
             try:
-                with _environment(PRIVATE_CLUSTER_ENV):  # this client joins as the cluster's processes do
-                    self.ray.init(address=self.gcs_address, log_to_driver=False, logging_level="ERROR")
+                self.ray.init(address=self.gcs_address, log_to_driver=False, logging_level="ERROR")
                 return
             except Exception as exc:  # the GCS is not up yet
                 if time.monotonic() > deadline:
@@ -395,6 +434,7 @@ class LocalRayCluster(RayCluster):
         if self.ray is not None:
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
+        self._client_env.close()  # this process's environment as it was
         everything = [pid for starter in self._starters.values() for pid in descendants(starter.pid)]
         workers = [n for n in self._starters if n != "head"]
         for name in [*workers, "head"]:  # workers first: a raylet without its GCS waits to give up
