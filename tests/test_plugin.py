@@ -355,7 +355,7 @@ def test_a_built_in_scenarios_replay_command_runs_as_printed_in_the_users_projec
     project: the replay names the scenario's module with --pyargs, and runs as printed."""
     pytester.makefile(".toml", pyproject=pyproject("broken_no_rng_restore"))
     first = pytester.runpytest_subprocess(
-        "--spotchaos", "--spotchaos-seed=7", "--spotchaos-examples=1", "-k", "test_hard_kill_then_resume_is_bit_exact"
+        "--spotchaos", "--spotchaos-plan=sigkill@7", "-k", "test_hard_kill_then_resume_is_bit_exact"
     )
     first.assert_outcomes(failed=1)
     (scenario,) = report(pytester)["scenarios"]
@@ -367,7 +367,8 @@ def test_a_built_in_scenarios_replay_command_runs_as_printed_in_the_users_projec
     )
     assert replayed.returncode == 1 and "1 failed" in replayed.stdout, replayed.stdout[-3000:] + replayed.stderr
     (again,) = report(pytester)["scenarios"]
-    assert again["failing_plan"] == scenario["failing_plan"] and again["verdict"]["first_divergence"]["field"] == "loss"
+    assert again["failing_plan"] == scenario["failing_plan"] == "sigkill@7"
+    assert again["verdict"]["first_divergence"]["field"] == "loss"
 
 
 @pytest.mark.parametrize(("setting", "built_in"), [("", False), ("builtin = true", True), ("builtin = false", False)])
