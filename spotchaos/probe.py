@@ -370,10 +370,15 @@ class Probe:
         """
         self.emit("notice", signal=int(signum))
 
-    def resume(self, from_step: int, uri: str, *, caveat: str | None = None) -> None:
+    def resume(self, from_step: int, uri: str, *, caveat: str | None = None, data_caveat: str | None = None) -> None:
         """Training continues after step ``from_step``, restored from ``uri``; ``caveat`` as for
-        :meth:`checkpoint`, of this resume (a position the framework did not restore)."""
-        self.emit("resume", from_step=int(from_step), uri=uri, **({"caveat": str(caveat)} if caveat else {}))
+        :meth:`checkpoint`, of this resume. ``data_caveat``: one about the data's position or order
+        (a loader the framework restarts from its first batch), given as the cause only where the
+        batches differ: a job that skips the trained batches itself makes it moot."""
+        said = {"caveat": str(caveat)} if caveat else {}
+        if data_caveat:
+            said["data_caveat"] = str(data_caveat)
+        self.emit("resume", from_step=int(from_step), uri=uri, **said)
 
     def rollback(self, skipped_uri: str, reason: str) -> None:
         """A checkpoint newer than the one resumed from was skipped because it did not verify."""

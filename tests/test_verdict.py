@@ -231,3 +231,26 @@ def test_rollback_past_an_intact_checkpoint_is_a_failure_and_a_rollback_to_it_is
     verdict = judge(REFERENCE, chaos(None))  # skipped the bad one, then started over: lost the good one
     assert not verdict.passed
     assert any("rolled back past an intact checkpoint: it resumed after step -1" in f for f in verdict.failures)
+
+
+def test_a_data_caveat_is_the_cause_only_where_the_batch_differs():
+    """A framework restarts a plain loader's epoch (Lightning), but the job's sampler skipped the
+    trained batches itself: with the batches equal, another cause is named, never the loader."""
+    reference = record(attempt(0, [*(step(i, batch=f"b{i}") for i in range(10)), final()]))
+    first = [*(step(i, batch=f"b{i}") for i in range(5)), ckpt(4)]
+
+    def resumed_with(batch_of_step_5: str):
+        resume = {
+            "event": "resume",
+            "from_step": 4,
+            "uri": "u",
+            "caveat": "no RNG state",
+            "data_caveat": "plain loader",
+        }
+        second = [resume, step(5, loss=99.0, batch=batch_of_step_5), *(step(i, batch=f"b{i}") for i in range(6, 10))]
+        return record(attempt(0, first, fault=notice(4)), attempt(1, [*second, final()]))
+
+    same_batch = judge(reference, resumed_with("b5")).first_divergence
+    assert same_batch.field == "loss" and same_batch.caveats == ["no RNG state"]
+    other_batch = judge(reference, resumed_with("b0")).first_divergence
+    assert other_batch.caveats == ["no RNG state", "plain loader"]

@@ -154,10 +154,10 @@ class Report:
         self.reported.add(f"{path}@{step}")  # a name saved again (Lightning's last.ckpt) is a new checkpoint
         self.probe.checkpoint(step, seconds=seconds, nbytes=folder_bytes(path), uri=path, reason=reason, caveat=caveat)
 
-    def resume(self, from_step: int, path: str, *, caveat: str | None = None) -> None:
-        """Training goes on after ``from_step``, restored from ``path``."""
+    def resume(self, from_step: int, path: str, *, caveat: str | None = None, data_caveat: str | None = None) -> None:
+        """Training goes on after ``from_step``, restored from ``path`` (caveats: see Probe.resume)."""
         self.reported.add(f"{os.path.abspath(path)}@{from_step}")
-        self.probe.resume(from_step, os.path.abspath(path), caveat=caveat)
+        self.probe.resume(from_step, os.path.abspath(path), caveat=caveat, data_caveat=data_caveat)
 
     def final(self, model: Any, step: int) -> None:
         """Training finished after ``step``: the digests of the weights."""

@@ -80,7 +80,8 @@ class Spotchaos:
     def step(self, step: int, loss: Any, *, batch: Any = None, model: Any = None, lr: Any = None) -> None:
         """Step ``step`` (0-based) finished with ``loss``."""
         if self._loaded is not None:
-            self.report.resume(step - 1, self._loaded, caveat=self._caveat(step))
+            caveat, data_caveat = self._caveats(step)
+            self.report.resume(step - 1, self._loaded, caveat=caveat, data_caveat=data_caveat)
             self._loaded = None
         _, fingerprint = self.report.take(batch)
         unwrapped = self._unwrapped(model) if model is not None and self.report.weights is not False else None
@@ -97,14 +98,15 @@ class Spotchaos:
             self._model = (model, self.accelerator.unwrap_model(model))
         return self._model[1]
 
-    def _caveat(self, step: int) -> str | None:
-        said = []
+    def _caveats(self, step: int) -> tuple[str | None, str | None]:
+        """What the resume lacks: (of its state, of its data order)."""
+        caveat = data = None
         name = RNG_FILE.format(index=self.accelerator.process_index)
         if self._loaded and not os.path.exists(os.path.join(self._loaded, name)):
-            said.append(NO_RNG.format(folder=os.path.basename(self._loaded), name=name))
+            caveat = NO_RNG.format(folder=os.path.basename(self._loaded), name=name)
         if self.steps_per_epoch and step % self.steps_per_epoch and self._shuffles_from_global_rng():
-            said.append(SAMPLER_FROM_RNG)
-        return " ".join(said) or None
+            data = SAMPLER_FROM_RNG
+        return caveat, data
 
     def _shuffles_from_global_rng(self) -> bool:
         for loader in getattr(self.accelerator, "_dataloaders", []):  # what prepare() returned

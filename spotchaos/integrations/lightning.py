@@ -113,7 +113,9 @@ class SpotchaosCallback(pl.Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.ckpt_path and trainer.global_step > 0:
-            self.report.resume(trainer.global_step - 1, str(trainer.ckpt_path), caveat=self._resume_caveat(trainer))
+            self.report.resume(
+                trainer.global_step - 1, str(trainer.ckpt_path), data_caveat=self._resume_caveat(trainer)
+            )
         self._last_step = trainer.global_step
 
     def _resume_caveat(self, trainer: Any) -> str | None:

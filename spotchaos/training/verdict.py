@@ -200,20 +200,27 @@ def find_divergence(
                 resumed_from=resumed.get(got.attempt),
                 also_differs=differing[1:],
                 agreeing=sorted((set(ref.fingerprints) & set(got.fingerprints)) - set(differing)),
-                caveats=_caveats(chaos.attempts, got.attempt),
+                caveats=_caveats(chaos.attempts, got.attempt, batch_agrees=_same_batch(ref, got, differing)),
             )
     return None
 
 
-def _caveats(attempts: list[Attempt], index: int) -> list[str]:
+def _same_batch(ref: StepRecord, got: StepRecord, differing: list[str]) -> bool:
+    """Both runs fingerprinted the step's batch, and it is the same."""
+    return "batch" not in differing and "batch" in ref.fingerprints and "batch" in got.fingerprints
+
+
+def _caveats(attempts: list[Attempt], index: int, *, batch_agrees: bool = False) -> list[str]:
     """What a framework integration said of attempt ``index``'s resume and of the checkpoint it
-    resumed from (a ``caveat`` field of the resume and checkpoint events), once each."""
+    resumed from (a ``caveat`` field of the resume and checkpoint events), once each. A caveat of
+    the data's position (``data_caveat``) is left out where the divergent step's batch agrees: the
+    job put the data where it belonged by itself (a sampler that skips the trained batches)."""
     attempt = next((a for a in attempts if a.index == index), None)
     resumes = attempt.of_rank("resume") if attempt is not None else []
     if not resumes:
         return []
     uri = resumes[0].get("uri")
-    said = [resumes[0].get("caveat")]
+    said = [resumes[0].get("caveat"), None if batch_agrees else resumes[0].get("data_caveat")]
     said += [
         e.get("caveat") for a in attempts if a.index < index for e in a.of_rank("checkpoint") if e.get("uri") == uri
     ]
