@@ -73,6 +73,16 @@ def test_the_lightning_docs_recipe_is_never_bit_exact_and_says_why(runner):
     line = next(x for x in message.splitlines() if "diverged" in x)
     assert "cause: " in line and "Lightning's checkpoint holds no RNG state" in line, line
     assert "from a plain DataLoader, which Lightning restarts from its first batch" in line
+    assert "Its sampler is a RandomSampler with no generator of its own" in line, line
+
+
+def test_a_lightning_job_whose_sampler_skips_the_trained_batches_is_not_blamed_on_its_plain_loader(runner):
+    """The correct job's sampler (it skips what the restored global_step says was trained) without
+    its RNG state: the batches agree after the resume, so the cause is the RNG, never the loader."""
+    message = failure_of(runner, job("lightning", "--no-rng-state"), "sigkill@9")
+    line = next(x for x in message.splitlines() if "diverged" in x)
+    assert "cause: Lightning's checkpoint holds no RNG state" in line, line
+    assert "plain DataLoader" not in line and "RandomSampler" not in line, line
 
 
 def test_the_accelerate_recipe_mid_epoch_is_caught_and_a_seeded_loader_is_exact(runner):

@@ -47,6 +47,13 @@ NOT_STATEFUL = (
     "have its sampler skip the batches already trained"
 )
 
+ORDER_FROM_RNG = (
+    "Its sampler is a RandomSampler with no generator of its own: each epoch's order is drawn from the global "
+    "torch RNG when the epoch starts, and a resume inside the epoch draws it again from the RNG as restored, a "
+    "different point, so the rest of the epoch comes in another order. Give the DataLoader "
+    "generator=torch.Generator().manual_seed(seed + epoch) (set at each epoch's start)"
+)
+
 
 BETWEEN_EPOCHS = (
     "Lightning wrote this checkpoint after epoch {epoch} ended and before the next began (the on-exception "
@@ -54,6 +61,15 @@ BETWEEN_EPOCHS = (
     "({batches} batches), so the resumed run ends epoch {next} after one batch and trains on in the wrong epoch "
     "(Lightning 2.6.6). Save the SIGTERM checkpoint at the end of the step instead (docs/frameworks.md)"
 )
+
+
+def _order_from_global_rng(loader: Any) -> bool:
+    """A shuffling DataLoader whose RandomSampler draws each epoch's order from the global RNG."""
+    from torch.utils.data import RandomSampler
+
+    sampler = getattr(loader, "sampler", None)
+    own = getattr(loader, "generator", None) or getattr(sampler, "generator", None)
+    return isinstance(sampler, RandomSampler) and own is None
 
 
 def between_epochs(checkpoint: Any) -> str | None:
@@ -119,12 +135,16 @@ class SpotchaosCallback(pl.Callback):
         self._last_step = trainer.global_step
 
     def _resume_caveat(self, trainer: Any) -> str | None:
-        said = []  # (a checkpoint without RNG state says so itself, on its checkpoint event)
+        """What a resume inside an epoch does to the data (a data caveat: the verdict names it only
+        where the batches differ). A checkpoint without RNG state says so itself, on its event."""
+        said = []
         batches = trainer.num_training_batches
         loader = trainer.train_dataloader
         stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
         if isinstance(batches, int) and batches > 0 and trainer.global_step % batches and not stateful:
             said.append(NOT_STATEFUL.format(epoch=trainer.current_epoch))
+            if _order_from_global_rng(loader):
+                said.append(ORDER_FROM_RNG)
         return " ".join(said) or None
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
