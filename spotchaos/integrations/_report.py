@@ -145,11 +145,19 @@ class Report:
         return self.weights
 
     def checkpoint(
-        self, step: int, path: str, *, seconds: float, reason: str = "periodic", caveat: str | None = None
+        self,
+        step: int,
+        path: str,
+        *,
+        seconds: float,
+        reason: str = "periodic",
+        caveat: str | None = None,
+        rewritten: bool = False,
     ) -> None:
-        """The framework's checkpoint of the state after ``step`` is whole at ``path``."""
+        """The framework's checkpoint of the state after ``step`` is whole at ``path``;
+        ``rewritten``: written again over the one of that name and step (other state than it held)."""
         path = os.path.abspath(path)
-        if not self.enabled or f"{path}@{step}" in self.reported:
+        if not self.enabled or (f"{path}@{step}" in self.reported and not rewritten):
             return
         self.reported.add(f"{path}@{step}")  # a name saved again (Lightning's last.ckpt) is a new checkpoint
         self.probe.checkpoint(step, seconds=seconds, nbytes=folder_bytes(path), uri=path, reason=reason, caveat=caveat)

@@ -72,6 +72,31 @@ def _order_from_global_rng(loader: Any) -> bool:
     return isinstance(sampler, RandomSampler) and own is None
 
 
+MID_ACCUMULATION = (
+    "Lightning wrote this checkpoint in the middle of gradient accumulation, after {taken} of the {accumulate} "
+    "micro-batches of step {step} (their gradients are in no checkpoint, the RNG has drawn for them): resumed, "
+    "the step is trained from the wrong micro-batch on. ModelCheckpoint(every_n_train_steps) saves again at the "
+    "first micro-batch after a resume, where global_step has not moved yet, over the checkpoint resumed from "
+    "(Lightning 2.6.6; docs/frameworks.md). Save at step boundaries only: a ModelCheckpoint whose "
+    "on_train_batch_end does nothing unless the batch ended an optimizer step."
+)
+
+
+def mid_accumulation(trainer: Any) -> str | None:
+    """Whether a checkpoint is being written between the micro-batches of one optimizer step."""
+    accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+    try:
+        processed = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    batches = trainer.num_training_batches
+    last = isinstance(batches, int) and processed >= batches  # Lightning steps at an epoch's end regardless
+    taken = processed % accumulate
+    if accumulate < 2 or not taken or last:
+        return None
+    return MID_ACCUMULATION.format(taken=taken, accumulate=accumulate, step=trainer.global_step)
+
+
 def between_epochs(checkpoint: Any) -> str | None:
     """Whether a checkpoint's loops say every started epoch completed while the finished epoch's
     batches still count as the current epoch's: the state Lightning cannot resume from."""
@@ -119,10 +144,13 @@ class SpotchaosCallback(pl.Callback):
             if trainer.is_global_zero:
                 step = int(checkpoint.get("global_step", trainer.global_step)) - 1
                 reason = "preemption" if trainer.received_sigterm else "periodic"
-                said = [between_epochs(checkpoint), None if has_rng_state(checkpoint) else NO_RNG]
+                midway = mid_accumulation(trainer)
+                said = [midway, between_epochs(checkpoint), None if has_rng_state(checkpoint) else NO_RNG]
                 caveat = " ".join(c for c in said if c) or None
+                seconds = time.perf_counter() - started
+                # saved again over the checkpoint of its step (after a resume): a new state, reported
                 report.checkpoint(
-                    step, str(filepath), seconds=time.perf_counter() - started, reason=reason, caveat=caveat
+                    step, str(filepath), seconds=seconds, reason=reason, caveat=caveat, rewritten=bool(midway)
                 )
 
         strategy.save_checkpoint = save_checkpoint  # the instance's: every save of this fit ends here
@@ -141,7 +169,8 @@ class SpotchaosCallback(pl.Callback):
         batches = trainer.num_training_batches
         loader = trainer.train_dataloader
         stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
-        if isinstance(batches, int) and batches > 0 and trainer.global_step % batches and not stateful:
+        trained = trainer.global_step * max(1, int(trainer.accumulate_grad_batches or 1))  # batches, not steps
+        if isinstance(batches, int) and batches > 0 and trained % batches and not stateful:
             said.append(NOT_STATEFUL.format(epoch=trainer.current_epoch))
             if _order_from_global_rng(loader):
                 said.append(ORDER_FROM_RNG)

@@ -62,7 +62,9 @@ def judge_run(
         # a latent difference is the diff's word alone: only then is a second uninterrupted run worth its cost
         latent = verdict.passed and noise is not None
         unrepeatable = found.unrepeatable(repeated) if latent and (repeated := noise()) else None
-        verdict.failures.append(unrepeatable or found.describe(latent=verdict.passed))
+        caveat = _caveat_of(run, found)
+        described = found.describe(latent=verdict.passed) + (f"; cause: {caveat}" if caveat else "")
+        verdict.failures.append(unrepeatable or described)
         verdict.passed = False
         verdict.state_difference = asdict(found)
     if job.multi_rank:  # what only the other ranks show: their own trajectories, samples
@@ -84,6 +86,16 @@ def judge_run(
         verdict.failures.append(leak)
         verdict.passed = False
     return verdict
+
+
+def _caveat_of(run: RunRecord, found: StateDifference) -> str | None:
+    """What the job's integration said of the checkpoint the diff found different, as it wrote it."""
+    if not found.label.startswith("s"):
+        return None
+    step = int(found.label[1:])
+    attempt = next((a for a in run.attempts if a.index == found.attempt), None)
+    said = [e.get("caveat") for e in (attempt.of_rank("checkpoint") if attempt else []) if e.get("step") == step]
+    return next((c for c in reversed(said) if isinstance(c, str) and c), None)
 
 
 def weights_distance(job: JobSpec, reference: RunRecord, run: RunRecord) -> dict[str, list[float]]:

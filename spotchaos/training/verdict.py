@@ -220,10 +220,11 @@ def _caveats(attempts: list[Attempt], index: int, *, batch_agrees: bool = False)
     if not resumes:
         return []
     uri = resumes[0].get("uri")
-    said = [resumes[0].get("caveat"), None if batch_agrees else resumes[0].get("data_caveat")]
-    said += [
-        e.get("caveat") for a in attempts if a.index < index for e in a.of_rank("checkpoint") if e.get("uri") == uri
-    ]
+    said = [resumes[0].get("caveat")]
+    # what the checkpoint resumed from was, as written (the last writer of its name before the attempt)
+    written = [e for a in attempts if a.index < index for e in a.of_rank("checkpoint") if e.get("uri") == uri]
+    said += [written[-1].get("caveat")] if written else []
+    said += [None if batch_agrees else resumes[0].get("data_caveat")]  # a guess, after what is known
     return list(dict.fromkeys(c for c in said if isinstance(c, str) and c))
 
 
