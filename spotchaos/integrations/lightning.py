@@ -82,19 +82,26 @@ MID_ACCUMULATION = (
 )
 
 
-def mid_accumulation(trainer: Any) -> str | None:
-    """Whether a checkpoint is being written between the micro-batches of one optimizer step."""
+def micro_batches_taken(trainer: Any) -> int:
+    """How many micro-batches of the optimizer step in progress the batches so far have taken: 0 at
+    a step boundary (and always without gradient accumulation)."""
     accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
     try:
         processed = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
     except (AttributeError, TypeError, ValueError):
-        return None
+        return 0
     batches = trainer.num_training_batches
-    last = isinstance(batches, int) and processed >= batches  # Lightning steps at an epoch's end regardless
-    taken = processed % accumulate
-    if accumulate < 2 or not taken or last:
+    if accumulate < 2 or (isinstance(batches, int) and processed >= batches):  # Lightning steps at an epoch's end
+        return 0
+    return processed % accumulate
+
+
+def mid_accumulation(trainer: Any) -> str | None:
+    """What a checkpoint written between the micro-batches of one optimizer step lacks."""
+    taken = micro_batches_taken(trainer)
+    if not taken:
         return None
-    return MID_ACCUMULATION.format(taken=taken, accumulate=accumulate, step=trainer.global_step)
+    return MID_ACCUMULATION.format(taken=taken, accumulate=trainer.accumulate_grad_batches, step=trainer.global_step)
 
 
 def between_epochs(checkpoint: Any) -> str | None:

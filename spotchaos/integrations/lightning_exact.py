@@ -1,0 +1,159 @@
+"""What a Lightning job needs to resume bit-exact, shipped: each part one line to opt in.
+
+Lightning's own defaults are not exact across a resume (docs/frameworks.md: its checkpoint holds no
+RNG state, a plain DataLoader restarts its epoch from the first batch, its on-exception SIGTERM
+checkpoint can land in the wrong epoch, ``ModelCheckpoint`` saves again mid-accumulation after a
+resume, and nothing it loads is verified). The fixes were ~37 lines of a job of its own; here:
+
+    from spotchaos.integrations.lightning_exact import (
+        RngState, ResumableSampler, StepBoundaryCheckpoint, SaveOnSigterm, VerifiedIO, newest_verified_checkpoint,
+    )
+    sampler = ResumableSampler(len(data), batch_size=4, seed=0)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    trainer = L.Trainer(
+        callbacks=[SpotchaosCallback(), RngState(), sampler.follow(),
+                   StepBoundaryCheckpoint(dirpath=out, every_n_train_steps=6, save_last=True),
+                   SaveOnSigterm(out)],
+        plugins=[VerifiedIO()],
+    )
+    trainer.fit(model, loader, ckpt_path=newest_verified_checkpoint(out))
+
+Each part stands alone and is independent of spotchaos being on: outside a gate they change
+nothing but what they fix. Imports Lightning (``lightning`` or ``pytorch_lightning``) and torch.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from .lightning import micro_batches_taken
+from .verified import newest_verified, write_checksums
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.plugins.io import TorchCheckpointIO
+except ImportError:  # the older package name
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.plugins.io import TorchCheckpointIO
+
+__all__ = [
+    "ResumableSampler",
+    "RngState",
+    "SaveOnSigterm",
+    "StepBoundaryCheckpoint",
+    "VerifiedIO",
+    "newest_verified_checkpoint",
+]
+
+RNG_KEY = "spotchaos_rng_state"
+
+
+class RngState(pl.Callback):
+    """Saves torch's, numpy's and Python's global RNG states in every checkpoint and restores them
+    on load: Lightning saves none, so dropout masks and augmentation after a resume differ. Stored
+    as tensors and plain values (Lightning 2.6 loads with ``weights_only=True``)."""
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        kind, words, pos, has_gauss, gauss = np.random.get_state()
+        checkpoint[RNG_KEY] = {
+            "torch": torch.get_rng_state(),
+            "numpy": [kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, gauss],
+            "python": random.getstate(),
+        }
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+        state = checkpoint.get(RNG_KEY)
+        if state is None:
+            return  # a checkpoint from before the job opted in: nothing to restore
+        torch.set_rng_state(state["torch"])
+        kind, words, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, words.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        random.setstate(state["python"])
+
+
+class ResumableSampler(Sampler):
+    """A shuffled order that is a function of (seed, epoch) alone, starting where the epoch stands:
+    the batches of this epoch already trained (the restored global step, times the micro-batches a
+    step takes) are skipped, after any resume, a second one inside the epoch included. Lightning
+    calls ``set_epoch`` at each epoch's start; ``follow()`` is the callback that tells it the trainer."""
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0) -> None:
+        self.n, self.batch_size, self.seed, self.epoch = n, batch_size, seed, 0
+        self.trainer: Any = None
+
+    def follow(self) -> pl.Callback:
+        """The callback that hands this sampler its trainer (``callbacks=[..., sampler.follow()]``)."""
+        return _Follow(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+        trainer = self.trainer
+        if trainer is None:
+            return iter(order)
+        per_epoch = -(-self.n // self.batch_size)
+        done = trainer.global_step * max(1, int(trainer.accumulate_grad_batches or 1)) - self.epoch * per_epoch
+        return iter(order[max(0, done) * self.batch_size :])
+
+
+class _Follow(pl.Callback):
+    def __init__(self, sampler: ResumableSampler) -> None:
+        self.sampler = sampler
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.sampler.trainer = trainer
+
+
+class StepBoundaryCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that never saves between the micro-batches of one optimizer step: with
+    ``accumulate_grad_batches`` > 1 Lightning 2.6.6's saves again at the first micro-batch after a
+    resume, over the checkpoint resumed from (docs/frameworks.md)."""
+
+    def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        if micro_batches_taken(trainer):
+            return
+        super().on_train_batch_end(trainer, *args, **kwargs)
+
+
+class SaveOnSigterm(pl.Callback):
+    """The SIGTERM checkpoint, saved at the end of the optimizer step in progress (Lightning's own,
+    ``save_on_exception=True``, is written after the epoch counter moved on when the notice lands on
+    an epoch's last batch, and resumes into the wrong epoch: docs/frameworks.md)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.received_sigterm and not micro_batches_taken(trainer):
+            trainer.save_checkpoint(os.path.join(self.dirpath, f"sigterm-step={trainer.global_step}.ckpt"))
+
+
+class VerifiedIO(TorchCheckpointIO):
+    """Every checkpoint file gets its sha256 beside it once written: Lightning verifies nothing it
+    loads (``ckpt_path="last"`` takes last.ckpt as it is, even when a newer checkpoint exists)."""
+
+    def save_checkpoint(self, checkpoint: dict, path: Any, storage_options: Any = None) -> None:
+        super().save_checkpoint(checkpoint, path, storage_options=storage_options)
+        write_checksums(str(path))
+
+
+def newest_verified_checkpoint(dirpath: str) -> str | None:
+    """The newest checkpoint file of ``dirpath`` (last.ckpt included: the last one written) whose
+    sha256 matches; each newer one that does not is reported to spotchaos as a rollback."""
+    if not os.path.isdir(dirpath):
+        return None
+    files = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if n.endswith(".ckpt") and not n.startswith(".")]
+    return newest_verified(sorted(files, key=lambda f: os.stat(f).st_mtime_ns, reverse=True))
