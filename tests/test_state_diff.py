@@ -141,16 +141,25 @@ def test_checkpoints_are_kept_whole_inside_the_run_or_not_at_all_and_an_oversize
 
 
 @pytest.mark.unit
-def test_values_named_like_times_hosts_and_pids_are_not_state_a_resume_restores():
+def test_values_named_like_times_hosts_and_pids_are_compared_and_their_ignore_line_suggested():
+    """A name proves nothing (issue 38): what a heuristic would have skipped is a difference, named
+    as likely no state, with the line that would skip it; equal ones are no difference."""
     reference = {"saved_at": 1.0, "hostname": "a", "meta": {"train_runtime": 2.0, "pid": 5}, "num_updates": 1}
-    chaos = {"saved_at": 2.0, "hostname": "b", "meta": {"train_runtime": 3.0, "pid": 6}, "num_updates": 2}
-    assert [d["entry"] for d in diff(reference, chaos, 5)["differences"]] == ["num_updates"]
+    chaos = {"saved_at": 2.0, "hostname": "b", "meta": {"train_runtime": 3.0, "pid": 5}, "num_updates": 2}
+    found = {d["entry"]: d.get("suggest") for d in diff(reference, chaos, 9)["differences"]}
+    assert found == {
+        "num_updates": None,
+        "saved_at": "named like a moment, a machine or a process",
+        "hostname": "named like a moment, a machine or a process",
+        "meta.train_runtime": "named like a moment, a machine or a process",
+    }
 
 
 @pytest.mark.unit
-def test_the_diff_hides_only_what_names_itself_volatile_or_a_checksum():
+def test_the_diff_skips_only_checksums_and_the_runs_own_folder():
     """A hex-looking value that is no checksum (a sample cursor, a seed), a key that is just
-    ``node``, ``at`` or ``wall``, and a job's literal ``{run}`` text are state, and compared."""
+    ``node``, ``at`` or ``wall``, a job's literal ``{run}`` text and a value named like a time are
+    state, and compared."""
     run_a, run_b = "/runs/a", "/runs/b"
     pairs = {  # key: (the reference's value, the resumed run's)
         "sampler": ({"cursor": "10000042"}, {"cursor": "10000099"}),
@@ -167,7 +176,7 @@ def test_the_diff_hides_only_what_names_itself_volatile_or_a_checksum():
     reference = {key: values[0] for key, values in pairs.items()}
     chaos = {key: values[1] for key, values in pairs.items()}
     found = {d["entry"] for d in diff(reference, chaos, 20, runs=(run_a, run_b))["differences"]}
-    assert found == {"sampler.cursor", "node", "at", "wall", "template"}
+    assert found == {"sampler.cursor", "node", "at", "wall", "template", "saved_at", "node_name"}
     manifest = diff({"model.pt": "0123abcd"}, {"model.pt": "89abcdef"}, 5, within="checksums.json")
     assert manifest["differences"] == []  # the file's name says what its values are
 

@@ -130,7 +130,10 @@ def _compare_folders(
                 continue
             same = d["reference"] == d["chaos"]
             rank = d["rank"] if isinstance(d.get("rank"), int) else 3
-            found.append((rank, entry, f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"))
+            text = f"{entry}: differs" if same else f"{entry}: {d['reference']} vs {d['chaos']}"
+            if d.get("suggest"):  # what a heuristic would have skipped: shown, with the line that skips it
+                rank, text = 4, f"{text} ({d['suggest']}: if it is no state, list {entry!r} in state_diff_ignore)"
+            found.append((rank, entry, text))
     return [(entry, text) for _, entry, text in sorted(found)], more
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 SHOWN_CHARS = 60  # a scalar shown in a difference: ``scheduler.last_epoch: 12 vs 13``
 # Plain values named like a moment, a duration, a machine or a process (``saved_at``, ``hostname``,
-# ``train_runtime``, ``pid``) differ between any two runs: not state a resume restores.
+# ``train_runtime``, ``pid``) differ between any two runs and are rarely state a resume restores:
+# still compared (a name proves nothing), their difference suggests the ignore line that would skip it.
 VOLATILE = {
     "time",
     "timestamp",
@@ -37,6 +38,7 @@ VOLATILE = {
 # ``node_name``): a key that is just ``at``, ``node`` or ``wall`` may be a position, a graph node
 # or a layer, and is compared.
 VOLATILE_BESIDE = {"at", "node", "wall"}
+VOLATILE_HINT = "named like a moment, a machine or a process"
 # Keys whose values are checksums of other bytes (a manifest's): those bytes are compared themselves
 CHECKSUM_WORDS = {
     "crc",
@@ -190,6 +192,8 @@ def diff(
                 found.append({"entry": entry, "reference": difference[0], "chaos": difference[1]})
             continue
         if isinstance(x, SCALARS) and _volatile(_words(entry.rsplit(".", 1)[-1])):
+            if type(x) is not type(y) or x != y:  # compared all the same: a name is no proof, only a hint
+                found.append({"entry": entry, "reference": _show(x), "chaos": _show(y), "suggest": VOLATILE_HINT})
             continue
         if _names_checksum(f"{within}:{entry}") and _hex_digest(x) and _hex_digest(y):
             continue  # a checksum of a file (a manifest's): the file itself is compared, and equal
