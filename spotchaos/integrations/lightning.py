@@ -82,10 +82,15 @@ MID_ACCUMULATION = (
 )
 
 
+def accumulation(trainer: Any) -> int:
+    """The micro-batches an optimizer step takes (``accumulate_grad_batches``; 1 without it)."""
+    return max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+
+
 def micro_batches_taken(trainer: Any) -> int:
     """How many micro-batches of the optimizer step in progress the batches so far have taken: 0 at
     a step boundary (and always without gradient accumulation)."""
-    accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+    accumulate = accumulation(trainer)
     try:
         processed = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
     except (AttributeError, TypeError, ValueError):
@@ -101,7 +106,7 @@ def mid_accumulation(trainer: Any) -> str | None:
     taken = micro_batches_taken(trainer)
     if not taken:
         return None
-    return MID_ACCUMULATION.format(taken=taken, accumulate=trainer.accumulate_grad_batches, step=trainer.global_step)
+    return MID_ACCUMULATION.format(taken=taken, accumulate=accumulation(trainer), step=trainer.global_step)
 
 
 def between_epochs(checkpoint: Any) -> str | None:
@@ -176,7 +181,7 @@ class SpotchaosCallback(pl.Callback):
         batches = trainer.num_training_batches
         loader = trainer.train_dataloader
         stateful = hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
-        trained = trainer.global_step * max(1, int(trainer.accumulate_grad_batches or 1))  # batches, not steps
+        trained = trainer.global_step * accumulation(trainer)  # batches, not steps
         if isinstance(batches, int) and batches > 0 and trained % batches and not stateful:
             said.append(NOT_STATEFUL.format(epoch=trainer.current_epoch))
             if _order_from_global_rng(loader):

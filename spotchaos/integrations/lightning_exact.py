@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .lightning import micro_batches_taken
+from .lightning import accumulation, micro_batches_taken
 from .verified import newest_verified, write_checksums
 
 try:
@@ -105,7 +105,7 @@ class ResumableSampler(Sampler):
         if trainer is None:
             return iter(order)
         per_epoch = -(-self.n // self.batch_size)
-        done = trainer.global_step * max(1, int(trainer.accumulate_grad_batches or 1)) - self.epoch * per_epoch
+        done = trainer.global_step * accumulation(trainer) - self.epoch * per_epoch
         return iter(order[max(0, done) * self.batch_size :])
 
 

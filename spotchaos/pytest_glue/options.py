@@ -35,7 +35,7 @@ class RunOptions:
     ray_address: str | None = None  # the user's Ray cluster instead of a local one
     warm: bool = True  # attempts of local Python jobs fork from a warm interpreter (host/warm)
     prefix: bool = True  # searched plans may start from the reference's checkpoints (training/prefix.py)
-    history: str | None = ".spotchaos"  # where each session's report is saved for compare (None: nowhere)
+    history: str | None = HISTORY_DIR  # where each session's report is saved for compare (None: nowhere)
 
 
 def resolve(

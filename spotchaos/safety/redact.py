@@ -137,8 +137,8 @@ def _random_looking(value: str) -> bool:
         return _entropy(value) >= HEX_ENTROPY
     letters = [c for c in value.lower() if c.isalpha()]
     vowels = sum(c in "aeiou" for c in letters) / max(len(letters), 1)
-    kinds = sum(any(test(c) for c in value) for test in (str.islower, str.isupper, str.isdigit))
-    return kinds >= 2 and vowels <= MAX_VOWELS and _entropy(value) >= RANDOM_ENTROPY * math.log2(min(len(value), 64))
+    high = _entropy(value) >= RANDOM_ENTROPY * math.log2(min(len(value), 64))
+    return _kinds(value) >= 2 and vowels <= MAX_VOWELS and high
 
 
 def secrets_of_variable(name: str, value: str) -> list[str]:
@@ -177,8 +177,12 @@ def _mixed(segment: str) -> bool:
     """A path segment long enough and mixed enough to be a generated token. No vowel rule here: a
     token of 24 base62 characters has more than a quarter vowels among its letters one time in
     four, and under a key's name a URL's long mixed segment is its secret."""
-    kinds = sum(any(test(c) for c in segment) for test in (str.islower, str.isupper, str.isdigit))
-    return len(segment) >= MIN_RANDOM_CHARS and kinds >= 2
+    return len(segment) >= MIN_RANDOM_CHARS and _kinds(segment) >= 2
+
+
+def _kinds(value: str) -> int:
+    """How many of lower case, upper case and digits ``value`` mixes."""
+    return sum(any(test(c) for c in value) for test in (str.islower, str.isupper, str.isdigit))
 
 
 def secret_variables(env: Mapping[str, str]) -> dict[str, list[str]]:

@@ -191,6 +191,7 @@ def find_divergence(
             main = differing[0]
             ref_value = ref.loss if main == "loss" else ref.fingerprints[main]
             got_value = got.loss if main == "loss" else got.fingerprints[main]
+            agreeing = sorted((set(ref.fingerprints) & set(got.fingerprints)) - set(differing))
             return Divergence(
                 step=got.step,
                 attempt=got.attempt,
@@ -199,15 +200,10 @@ def find_divergence(
                 observed=got_value,
                 resumed_from=resumed.get(got.attempt),
                 also_differs=differing[1:],
-                agreeing=sorted((set(ref.fingerprints) & set(got.fingerprints)) - set(differing)),
-                caveats=_caveats(chaos.attempts, got.attempt, batch_agrees=_same_batch(ref, got, differing)),
+                agreeing=agreeing,
+                caveats=_caveats(chaos.attempts, got.attempt, batch_agrees="batch" in agreeing),
             )
     return None
-
-
-def _same_batch(ref: StepRecord, got: StepRecord, differing: list[str]) -> bool:
-    """Both runs fingerprinted the step's batch, and it is the same."""
-    return "batch" not in differing and "batch" in ref.fingerprints and "batch" in got.fingerprints
 
 
 def _caveats(attempts: list[Attempt], index: int, *, batch_agrees: bool = False) -> list[str]:

@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +89,15 @@ def _private_token(folder: str) -> dict[str, str]:
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path}
+
+
+def with_auth(env: Mapping[str, str], auth: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as a process that joins the cluster gets it: the cluster's own authentication over
+    it, and a ``RAY_AUTH_TOKEN`` the user's environment carried dropped (Ray would prefer it to the
+    cluster's file). No ``auth`` (the user's cluster): ``env`` as it is."""
+    if not auth:
+        return dict(env)
+    return {**{k: v for k, v in env.items() if k != INHERITED_TOKEN}, **auth}
 
 
 def _reload_ray_auth() -> None:
@@ -299,8 +308,7 @@ class LocalRayCluster(RayCluster):
         return self._temp_dir
 
     def _ray_start(self, name: str, args: list[str]) -> subprocess.Popen:
-        env = {**os.environ, **LOOPBACK_ENV, **self._auth_env, "RAY_TMPDIR": self._ray_dir}
-        env.pop(INHERITED_TOKEN, None)
+        env = with_auth({**os.environ, **LOOPBACK_ENV, "RAY_TMPDIR": self._ray_dir}, self._auth_env)
         env[MARKER_VARIABLE] = self._marker
         ray_cli = [sys.executable, "-m", "spotchaos.backends.raycluster.node_main"]  # loopback only: see there
         # each node's agents on ports of its own: Ray's fixed defaults would collide on one machine

@@ -20,7 +20,7 @@ import signal
 from dataclasses import replace
 
 from ...backends.base import Backend, LaunchSpec
-from ...backends.raycluster.cluster import LOOPBACK_ENV, RayCluster, RayNode
+from ...backends.raycluster.cluster import LOOPBACK_ENV, RayCluster, RayNode, with_auth
 from ...backends.subprocess import SubprocessBackend
 from ...config.jobs import JobSpec
 from ...errors import JobError
@@ -42,10 +42,7 @@ def driver_environment(env: dict[str, str], cluster: RayCluster) -> dict[str, st
     only, and the job's runtime_env."""
     job_config = {"runtime_env": {"env_vars": worker_environment(env)}}
     joining = {"RAY_ADDRESS": cluster.gcs_address, JOB_CONFIG_VARIABLE: json.dumps(job_config)}
-    own = cluster.client_environment()
-    if own:  # the harness's cluster: its token file, never a token the user's environment carries
-        env = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN"}
-    return {**env, **LOOPBACK_ENV, **own, **joining}
+    return {**with_auth({**env, **LOOPBACK_ENV}, cluster.client_environment()), **joining}
 
 
 class RayTrainBackend:

@@ -57,7 +57,8 @@ class StateDifference:
         """Said instead of :meth:`describe` when a second uninterrupted run's checkpoint (``noise``)
         already differs from the first's in an entry this one differs in: that state was never
         repeatable, so no resume restored it wrong (an RNG the job never seeded, say)."""
-        shared = [entry for entry in self.entries if entry in set(noise.entries)]
+        noisy = set(noise.entries)
+        shared = [entry for entry in self.entries if entry in noisy]
         if not shared:
             return None
         which = f"after step {noise.label[1:]}" if noise.label.startswith("s") else f"storing step {noise.label[1:]}"

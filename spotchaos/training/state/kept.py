@@ -53,18 +53,18 @@ class KeptCopies:
                 free = shutil.disk_usage(folder).free
                 self.budget = int((free + sum(sizes)) * KEEP_DISK_FRACTION)
             fresh = 0
-            linked: list[tuple[Path, Path]] = []
+            linked: list[tuple[Path, Path, int]] = []
             for path, size, digest in zip(paths, sizes, digests, strict=True):
                 earlier = next((p for p in self._by_content.get((size, digest), []) if _same_file_still(p, size)), None)
                 if earlier is not None:
-                    linked.append((path, earlier))
+                    linked.append((path, earlier, size))
                 else:
                     fresh += size
             if self.used + fresh > self.budget:
                 return False
-            for path, earlier in linked:
+            for path, earlier, size in linked:
                 if _link_over(earlier, path):
-                    self.shared += path.stat().st_size
+                    self.shared += size
             for path, size, digest in zip(paths, sizes, digests, strict=True):
                 self._by_content.setdefault((size, digest), []).append(path)
             self.used += fresh
