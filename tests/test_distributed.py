@@ -22,7 +22,12 @@ def ddp_job(script: str = "ddp_trainer", name: str = "ddp", **changes) -> JobSpe
     return replace(job, command=command, name=f"{name}-{script}".replace("_", "-")[:60], **changes)
 
 
-@pytest.mark.full  # CI's restart on ddp is the killed rank's; chained plans are the full run's (docs/ci.md)
+def fsdp2_job(script: str = "fsdp2_trainer", **changes) -> JobSpec:
+    """The pyproject.toml FSDP2 job (2 ranks, every parameter and moment sharded), or a broken one."""
+    return ddp_job(script, name="fsdp2", **changes)
+
+
+@pytest.mark.full  # CI's restart is the killed rank's (on fsdp2); chained plans are the full run's (docs/ci.md)
 def test_chained_preemptions_resume_bit_exact_and_leave_no_rank_running(runner):
     """(One notice alone, the lost node and a truncated shard: scenarios/test_distributed.py and
     scenarios/test_lost_node.py run those plans on the same jobs.)"""
@@ -32,7 +37,10 @@ def test_chained_preemptions_resume_bit_exact_and_leave_no_rank_running(runner):
 
 
 def test_a_killed_rank_ends_the_launch_and_the_restart_resumes_bit_exact(runner):
-    run, verdict = runner.run(ddp_job(), Plan.parse("kill-rank1@9"))
+    """On the sharded job: each rank restores its own shard of every tensor and moment (the verdict
+    compares the whole tensors' digests saved and restored); the data-parallel job's killed rank is
+    the main job's (scenarios/test_distributed_full.py)."""
+    run, verdict = runner.run(fsdp2_job(), Plan.parse("kill-rank1@9"))
     assert verdict.passed, verdict.message()
     # max_restarts = 0: the agent exits when a rank dies, and the harness launches the job again
     assert len(run.attempts) == 2 and run.attempts[0].fault.fault == "kill-rank1"
@@ -82,6 +90,27 @@ def test_broken_rank0_rng_is_named(runner):
     assert "save and restore each rank's RNG under a key of its own" in str(failure.value)
     first = str(failure.value).splitlines()[1]  # the first failure, under "job 'ddp' under plan ...:"
     assert "drew from the same RNG state" in first, f"the most likely cause comes first: {first}"
+
+
+def test_an_fsdp2_optimizer_restored_from_a_fresh_template_is_named(runner):
+    """Measured: no error, no warning, the first step after the resume agrees; every Adam moment is
+    lost (fixtures/broken_fsdp2_optimizer_template.py)."""
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(fsdp2_job("broken_fsdp2_optimizer_template"), "kill-rank1@9")
+    text = str(failure.value)
+    first = text.splitlines()[1]
+    assert "loss diverged at step 9 (attempt 1, 2 steps after resuming from step 7)" in first, text
+    assert "the first step after resuming matched and the next did not" in first, text
+    assert "differ from what was saved: optim.0.bias.exp_avg" in text, text
+    assert "only the optimizer's state" in text and "get_state_dict(model, optimizer)" in text, text
+
+
+@pytest.mark.full  # CI names the optimizer template on fsdp2; the scheduler's is the full run's (docs/ci.md)
+def test_an_fsdp2_scheduler_restored_before_dcp_load_filled_it_is_named(runner):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(fsdp2_job("broken_fsdp2_scheduler_before_load"), "kill-rank1@9")
+    first = str(failure.value).splitlines()[1]
+    assert "lr diverged at step 9" in first and "LR scheduler (or optimizer param groups) not restored" in first
 
 
 @pytest.mark.full  # CI names a per-rank defect with the rank-0 RNG; this one is the full run's (docs/ci.md)

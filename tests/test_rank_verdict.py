@@ -47,6 +47,7 @@ def test_restored_tensors_must_equal_the_saved_ones():
         "rank 1 (attempt 1) restored step-3 but 1 of 2 tensor(s) differ from what was saved: b"
         in (restored_differences(run([saved], [bad]))[0])
     )
+    assert "only the optimizer's state" not in restored_differences(run([saved], [bad]))[0]
 
 
 def test_ranks_sharing_one_rng_state_after_a_resume_are_named():
@@ -57,3 +58,17 @@ def test_ranks_sharing_one_rng_state_after_a_resume_are_named():
     assert shared_rng(reference, run([], [step(0, 1, "a"), step(1, 1, "b")])) == []
     failure = shared_rng(reference, run([], [step(0, 1, "a"), step(1, 1, "a")]))
     assert "ranks 0, 1 drew from the same RNG state at step 1" in failure[0]
+
+
+def test_restored_weights_with_the_optimizer_moments_lost_name_the_optimizer_template():
+    digests = {"0.weight": "w", "optim.0.weight.exp_avg": "m", "optim.0.weight.exp_avg_sq": "v"}
+    saved = {"event": "saved", "uri": "file:///c/step-7", "digests": digests}
+    lost = {
+        "event": "restored",
+        "rank": 0,
+        "uri": "file:///c/step-7",
+        "digests": {**digests, "optim.0.weight.exp_avg": "0"},
+    }
+    (failure,) = restored_differences(run([saved], [lost]))
+    assert "1 of 3 tensor(s) differ from what was saved: optim.0.weight.exp_avg; only the optimizer's state" in failure
+    assert "get_state_dict(model, optimizer)" in failure

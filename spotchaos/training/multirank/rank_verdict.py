@@ -153,6 +153,21 @@ def _judge_rank(reference: RunRecord, chaos: RunRecord, rank: int, rank0_diverge
     return failures
 
 
+OPTIMIZER_ONLY = (
+    "; only the optimizer's state: the weights were restored, its moments were not (the first step after "
+    "the resume agrees, the next does not). With torch.distributed.checkpoint, a fresh optimizer's own "
+    "state_dict() holds no state for dcp.load to fill: build the template with get_state_dict(model, optimizer) "
+    "and put it back with set_state_dict"
+)
+
+
+def _of_optimizer(name: str) -> bool:
+    """A digest of the optimizer's state, as the bundled trainers and torch's flat names spell it."""
+    return name.startswith(("optim.", "optimizer.", "optim_state", "opt.")) or name.endswith(
+        (".exp_avg", ".exp_avg_sq", ".momentum_buffer")
+    )
+
+
 def restored_differences(run: RunRecord) -> list[str]:
     """A resume must restore exactly what was saved: the tensors' digests a rank reported right
     after loading (``restored``) against those reported when that checkpoint was written (``saved``)."""
@@ -173,6 +188,7 @@ def restored_differences(run: RunRecord) -> list[str]:
                     failures.append(
                         f"rank {event.get('rank', 0)} (attempt {attempt.index}) restored {name} but {len(differing)} "
                         f"of {len(before)} tensor(s) differ from what was saved: {', '.join(differing[:6])}"
+                        + (OPTIMIZER_ONLY if all(_of_optimizer(k) for k in differing) else "")
                     )
     return failures
 
