@@ -76,6 +76,19 @@ def test_fingerprint_alone_can_be_the_first_divergence():
     assert "3 steps after resuming from step 4" in verdict.message()
 
 
+def test_a_batch_that_differs_steps_after_the_resume_names_the_later_order_not_the_position():
+    batches = {i: {"lr": 0.1 * i, "batch": f"b{i}"} for i in range(10)}
+    reference = record(attempt(0, [*(step(i, **batches[i]) for i in range(10)), final()]))
+    later = judge(reference, resumed(4, {**batches, 8: {"lr": 0.8, "batch": "other", "loss": 3.0}}))
+    text = later.message()
+    assert "loss diverged at step 8 (attempt 1, 4 steps after resuming from step 4)" in text, text
+    assert "the 3 steps after the resume had the right batches: the position in the epoch was restored" in text
+    assert "give the sampler and the loader a generator each" in text and "position in the epoch not" not in text
+    first = judge(reference, resumed(4, {**batches, 5: {"lr": 0.5, "batch": "other", "loss": 3.0}}))
+    assert "data order or position in the epoch not restored" in first.message()
+    assert "had the right batches" not in first.message()
+
+
 def test_replayed_steps_must_match_too():
     chaos = resumed(4)
     chaos.attempts[1].events.insert(1, step(4, loss=123.0, lr=0.4))  # a replay of step 4 that differs
@@ -90,6 +103,19 @@ def test_missing_steps_and_unexpected_steps_are_listed():
     verdict = judge(REFERENCE, chaos)
     assert "2 step(s) never ran after the preemptions: 6-7" in verdict.message()
     assert "steps the reference never ran: 12" in verdict.message()
+
+
+def test_a_job_that_exits_0_short_of_the_last_step_is_named_as_ending_early():
+    chaos = resumed(4)
+    del chaos.attempts[1].events[-4:-1]  # steps 7-9 never ran, and the attempt still exits 0
+    text = judge(REFERENCE, chaos).message()
+    assert "3 step(s) never ran after the preemptions: 7-9" in text, text
+    assert "the job exited 0 after 7 optimizer step(s), 3 fewer than the reference's 10" in text, text
+    chaos.attempts[1].exit_code = 1
+    assert "exited 0" not in judge(REFERENCE, chaos).message()
+    middle = resumed(4)
+    del middle.attempts[1].events[2:4]
+    assert "exited 0" not in judge(REFERENCE, middle).message()
 
 
 def test_final_weights_name_the_differing_tensors():

@@ -30,6 +30,15 @@ FINGERPRINT_HINTS = {
     "or saved before the optimizer step finished?",
 }
 
+# A batch that differs only some steps after the resume: the position was restored, a later order not.
+LATER_BATCH_HINT = (
+    "the batch differs, and the {agreed} step{s} after the resume had the right batches: the position in the "
+    "epoch was restored, the order of what came later was not. At an epoch's start that is the next epoch's "
+    "shuffling: a sampler's epoch not set, or its generator restored in another state (torchdata 0.11.0's "
+    "StatefulDataLoader with shuffle=True, generator=g and num_workers=0 does this: give the sampler and the "
+    "loader a generator each, docs/frameworks.md)"
+)
+
 
 @dataclass
 class Divergence:
@@ -56,7 +65,7 @@ class Divergence:
             )
         where += ")"
         text = f"{self.field} diverged at {where}: reference {_show(self.reference)}, got {_show(self.observed)}"
-        hints = [FINGERPRINT_HINTS[f] for f in [self.field, *self.also_differs] if f in FINGERPRINT_HINTS]
+        hints = [self._hint(f) for f in dict.fromkeys([self.field, *self.also_differs]) if f in FINGERPRINT_HINTS]
         others = [f for f in self.also_differs if f != self.field]
         if others:
             text += f"; also differs at that step: {', '.join(others)}"
@@ -67,6 +76,14 @@ class Divergence:
         if hints:
             text += "; hint: " + " ".join(hints)
         return text
+
+    def _hint(self, fingerprint: str) -> str:
+        """What a differing fingerprint usually means; for a batch, where it differs says more: a
+        divergence is the first difference, so the batches of the steps since the resume agreed."""
+        distance = None if self.resumed_from is None else self.step - self.resumed_from
+        if fingerprint == "batch" and distance is not None and distance > 1:
+            return LATER_BATCH_HINT.format(agreed=distance - 1, s="" if distance == 2 else "s")
+        return FINGERPRINT_HINTS[fingerprint]
 
     def _timing_hints(self) -> list[str]:
         """Without a fingerprint that names the cause, where the divergence sits still narrows it.
@@ -472,7 +489,7 @@ def judge(
     elif divergence is not None:
         failures.append(divergence.describe())
     if missing and not failed_restarts:
-        failures.append(_missing_steps(missing, resumed))
+        failures.append(_missing_steps(missing, resumed) + _ended_early(missing, ref_steps, got_steps, chaos))
     if unexpected:
         failures.append(_unexpected_steps(unexpected, chaos))
     differing, final_failure = _final_weights(reference, chaos, envelope, failed_restarts)
@@ -521,6 +538,20 @@ def _missing_steps(missing: list[int], resumed: dict[int, int | None]) -> str:
             "is the step counter restored off by one?"
         )
     return text
+
+
+def _ended_early(missing: list[int], ref_steps: list[int], got_steps: set[int], chaos: RunRecord) -> str:
+    """A job that stops short of the reference's last step and exits 0 believes it is done: no error
+    says so, only the count of its optimizer steps."""
+    last = chaos.attempts[-1] if chaos.attempts else None
+    if last is None or last.exit_code != 0 or not ref_steps or ref_steps[-1] not in missing:
+        return ""
+    trained = max(got_steps) + 1 if got_steps else 0
+    return (
+        f"; the job exited 0 after {trained} optimizer step(s), {len(ref_steps) - len(got_steps)} fewer than the "
+        f"reference's {len(ref_steps)}: it ended as if training were done (an epoch or step counter restored "
+        "past where it was, or an epoch's remaining batches skipped?)"
+    )
 
 
 def _unexpected_steps(unexpected: list[int], chaos: RunRecord) -> str:
