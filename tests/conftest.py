@@ -80,7 +80,15 @@ SIBLING_IN_CI = {
     "tests/test_broken_trainers.py::test_broken_trainer_fails_for_its_own_reason[no-scheduler-restore]": (
         "the latent scheduler of test_state_diff and the millisecond-step scheduler of test_fault_landing"
     ),
-    "tests/test_distributed.py::test_broken_rank0_rng_is_named": "no-rng-restore, and the early manifest on ddp",
+    "tests/test_distributed.py::test_broken_rank0_rng_is_named": (
+        "no-rng-restore, and the FSDP2 optimizer template and async publication on torchrun"
+    ),
+    "tests/test_distributed.py::test_broken_early_manifest_is_named": (
+        "the same check (a checkpoint published without .metadata) on the async save published when it returns"
+    ),
+    "tests/test_stateful_loader.py::test_resumed_mid_epoch_and_at_an_epochs_end_it_is_bit_exact[2]": (
+        "the same plan without workers, and the main job's built-in scenarios on stateful-loader (2 workers)"
+    ),
     "tests/test_frameworks.py::test_a_trainer_started_again_after_its_final_checkpoint_trains_an_extra_step": (
         "the Trainer's docs recipe caught on its planned damage"
     ),
@@ -138,7 +146,7 @@ SIBLING_IN_CI = {
     ),
     # the main job runs these (scenarios/, on ddp and ddp-2nodes); CI drives their faults in tests/
     "scenarios/test_distributed.py::test_damaged_and_unfinished_shards_roll_back[ddp]": (
-        "the early manifest's shard crash points and rollback on ddp in test_distributed"
+        "the async publication's shard crash point on fsdp2-async in test_distributed"
     ),
     "scenarios/test_lost_node.py::test_a_lost_node[ddp-2nodes]": (
         "a killed rank on ddp, and a killed node on the Ray backend"

@@ -57,7 +57,7 @@ def test_a_hung_rank_is_named_within_the_timeout_and_the_restart_resumes(runner)
     assert "rank 1 (pid" in fault.detail and "is stopped (SIGSTOP)" in fault.detail, fault.detail
 
 
-@pytest.mark.full  # CI names a torn DCP publication by the early manifest; the search is the full run's
+@pytest.mark.full  # CI names a torn DCP publication by the async save's; the search is the full run's
 def test_a_checkpoint_published_before_every_rank_wrote_its_files_is_found_and_named(runner):
     """The crash a hand-picked shard crash point misses: rank 1 killed before its own last file of
     a save, which rank 0 publishes without waiting for. The explored crash points find it (the
@@ -103,6 +103,23 @@ def test_an_fsdp2_optimizer_restored_from_a_fresh_template_is_named(runner):
     assert "the first step after resuming matched and the next did not" in first, text
     assert "differ from what was saved: optim.0.bias.exp_avg" in text, text
     assert "only the optimizer's state" in text and "get_state_dict(model, optimizer)" in text, text
+
+
+@pytest.mark.full  # the main job searches every crash point of fsdp2-async's saves (scenarios/test_fsdp2_async.py)
+def test_a_rank_killed_inside_an_async_save_resumes_from_the_previous_checkpoint(runner):
+    verdict = runner.check_shard_crash(ddp_job("fsdp2_trainer", name="fsdp2-async"), rank=1)
+    assert verdict.passed, verdict.message()
+
+
+def test_an_async_checkpoint_published_when_async_save_returns_is_named(runner):
+    """Rank 1 killed as its background thread writes its shard: the trainer that publishes once the
+    write's future is done resumes from the previous checkpoint; the one that publishes when
+    ``dcp.async_save`` returns has reported a checkpoint durable that has no ``.metadata``."""
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check_shard_crash(ddp_job("broken_fsdp2_async_publish_on_return", name="fsdp2-async"), rank=1)
+    text = str(failure.value)
+    assert "was reported durable but has no .metadata: it was published before every shard was written" in text, text
+    assert "with dcp.async_save only once the future it returned has completed on every rank" in text, text
 
 
 @pytest.mark.full  # CI names the optimizer template on fsdp2; the scheduler's is the full run's (docs/ci.md)

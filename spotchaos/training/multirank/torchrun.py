@@ -211,7 +211,8 @@ def published_without_metadata(run_attempts: list, root: Path | str) -> list[str
                 found.append(
                     f"checkpoint {path.name} (after step {event['step']}, attempt {attempt.index}) was reported "
                     "durable but has no .metadata: it was published before every shard was written, so a rank killed "
-                    "in between leaves a checkpoint the restart trusts; publish (manifest, probe.checkpoint) last"
+                    "in between leaves a checkpoint the restart trusts; publish (manifest, probe.checkpoint) last, "
+                    "and with dcp.async_save only once the future it returned has completed on every rank"
                 )
     return found[:1]
 
