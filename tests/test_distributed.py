@@ -22,9 +22,14 @@ def ddp_job(script: str = "ddp_trainer", name: str = "ddp", **changes) -> JobSpe
     return replace(job, command=command, name=f"{name}-{script}".replace("_", "-")[:60], **changes)
 
 
-def fsdp2_job(script: str = "fsdp2_trainer", **changes) -> JobSpec:
-    """The pyproject.toml FSDP2 job (2 ranks, every parameter and moment sharded), or a broken one."""
-    return ddp_job(script, name="fsdp2", **changes)
+def fsdp2_job(script: str = "fsdp2_trainer", name: str = "fsdp2", **changes) -> JobSpec:
+    """A pyproject.toml FSDP2 job (2 ranks, every parameter and moment sharded), or a broken one, at
+    16 steps of 0.02 s: its faults land by the step hold, and 3 checkpoints (after 3, 7, 11) are all
+    its plans here resume from."""
+    job = ddp_job(script, name=name, **changes)
+    command = [*job.command]
+    command[command.index("--step-seconds") + 1] = "0.02"
+    return replace(job, command=(*command, "--steps", "16"))
 
 
 @pytest.mark.full  # CI's restart is the killed rank's (on fsdp2); chained plans are the full run's (docs/ci.md)
@@ -107,7 +112,7 @@ def test_an_fsdp2_optimizer_restored_from_a_fresh_template_is_named(runner):
 
 @pytest.mark.full  # the main job searches every crash point of fsdp2-async's saves (scenarios/test_fsdp2_async.py)
 def test_a_rank_killed_inside_an_async_save_resumes_from_the_previous_checkpoint(runner):
-    verdict = runner.check_shard_crash(ddp_job("fsdp2_trainer", name="fsdp2-async"), rank=1)
+    verdict = runner.check_shard_crash(fsdp2_job(name="fsdp2-async"), rank=1)
     assert verdict.passed, verdict.message()
 
 
@@ -116,7 +121,7 @@ def test_an_async_checkpoint_published_when_async_save_returns_is_named(runner):
     write's future is done resumes from the previous checkpoint; the one that publishes when
     ``dcp.async_save`` returns has reported a checkpoint durable that has no ``.metadata``."""
     with pytest.raises(ChaosFailure) as failure:
-        runner.check_shard_crash(ddp_job("broken_fsdp2_async_publish_on_return", name="fsdp2-async"), rank=1)
+        runner.check_shard_crash(fsdp2_job("broken_fsdp2_async_publish_on_return", name="fsdp2-async"), rank=1)
     text = str(failure.value)
     assert "was reported durable but has no .metadata: it was published before every shard was written" in text, text
     assert "with dcp.async_save only once the future it returned has completed on every rank" in text, text

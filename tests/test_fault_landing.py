@@ -54,11 +54,16 @@ def landings(run) -> list[tuple[str, int, int | None, int | None, bool]]:
 
 
 def test_a_probe_job_with_millisecond_steps_takes_each_fault_exactly_at_its_step(runner):
+    """Exactly: at the planned step, 0 steps late. A graceful fault lands there only because the job
+    was held; a SIGKILL may also reach the job between its step's event and its announcement (seen
+    once on a loaded machine: landed at step 3, not held), which is the same landing."""
     job = fast_reference()
     for plan in ("sigkill@9", "sigterm@9", "sigkill@3,sigterm@14", "aws-notice@5"):
         run, verdict = runner.run(job, Plan.parse(plan))
         planned = Plan.parse(plan).preemptions
-        assert landings(run) == [(p.fault, p.at_step, p.at_step, 0, True) for p in planned], plan
+        landed = landings(run)
+        assert [x[:4] for x in landed] == [(p.fault, p.at_step, p.at_step, 0) for p in planned], (plan, landed)
+        assert all(held for fault, *_, held in landed if fault != "sigkill"), (plan, landed)
         assert verdict.passed, verdict.message()
         sigkilled = [a for a in run.attempts if a.fault is not None and a.fault.fault == "sigkill"]
         assert all(a.steps[-1].step == a.fault.planned_step for a in sigkilled), "a SIGKILL found more steps done"
