@@ -4,7 +4,7 @@ The scenarios whose faults meet the sharded state: whole-job preemptions, a kill
 damaged and unfinished shards, a resume on 1 rank (DCP reshards). The crash points inside a save and
 the determinism baseline run on ``ddp`` (scenarios/test_distributed_full.py): the same save
 protocol and the same trainer, so the main job does not pay them twice. CI runs a killed rank and
-the broken optimizer template on ``fsdp2`` (tests/test_distributed.py).
+the broken asynchronous publication on it (tests/test_distributed.py).
 
 On a sharded job of your own: ``pytest --spotchaos --spotchaos-job NAME --pyargs spotchaos.scenarios.test_distributed``.
 """

@@ -81,7 +81,7 @@ SIBLING_IN_CI = {
         "the latent scheduler of test_state_diff and the millisecond-step scheduler of test_fault_landing"
     ),
     "tests/test_distributed.py::test_broken_rank0_rng_is_named": (
-        "no-rng-restore, and the FSDP2 optimizer template and async publication on torchrun"
+        "no-rng-restore, and the killed rank and the async publication on fsdp2"
     ),
     "tests/test_distributed.py::test_broken_early_manifest_is_named": (
         "the same check (a checkpoint published without .metadata) on the async save published when it returns"

@@ -97,6 +97,7 @@ def test_broken_rank0_rng_is_named(runner):
     assert "drew from the same RNG state" in first, f"the most likely cause comes first: {first}"
 
 
+@pytest.mark.full  # CI: fsdp2's killed rank, and the optimizer not restored on reference (test_broken_trainers)
 def test_an_fsdp2_optimizer_restored_from_a_fresh_template_is_named(runner):
     """Measured: no error, no warning, the first step after the resume agrees; every Adam moment is
     lost (fixtures/broken_fsdp2_optimizer_template.py)."""
@@ -127,7 +128,7 @@ def test_an_async_checkpoint_published_when_async_save_returns_is_named(runner):
     assert "with dcp.async_save only once the future it returned has completed on every rank" in text, text
 
 
-@pytest.mark.full  # CI names the optimizer template on fsdp2; the scheduler's is the full run's (docs/ci.md)
+@pytest.mark.full  # CI: fsdp2's killed rank; the broken templates are the full run's (docs/ci.md)
 def test_an_fsdp2_scheduler_restored_before_dcp_load_filled_it_is_named(runner):
     with pytest.raises(ChaosFailure) as failure:
         runner.check(fsdp2_job("broken_fsdp2_scheduler_before_load"), "kill-rank1@9")

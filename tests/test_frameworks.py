@@ -84,7 +84,13 @@ def test_lightnings_checkpoint_saved_again_mid_accumulation_after_a_resume_is_na
     line = next(x for x in message.splitlines() if "latent" in x)
     assert "the checkpoint after step 5 (attempt 1, after a resume)" in line and "rng_state.torch: differs" in line
     assert "cause: Lightning wrote this checkpoint in the middle of gradient accumulation, after 1 of the 2" in line
-    # the fix spotchaos ships: checkpoints at step boundaries only (StepBoundaryCheckpoint)
+
+
+@pytest.mark.full  # CI names the defect above; the main job runs StepBoundaryCheckpoint on every built-in plan
+def test_lightning_checkpoints_at_step_boundaries_only_resume_exact_under_accumulation(runner):
+    """The fix spotchaos ships for the defect above: checkpoints at step boundaries only
+    (StepBoundaryCheckpoint), twice preempted across the resume that Lightning's own callback
+    re-saves after."""
     assert runner.check(job("lightning", "--accumulate", "2"), Plan.parse("sigkill@9,sigkill@8")).passed
 
 
