@@ -1,5 +1,7 @@
 """The per-rank verdict on hand-made run records: pure, no process."""
 
+from pathlib import Path
+
 import pytest
 
 from spotchaos.training.multirank.rank_verdict import restored_differences, sample_coverage, shared_rng
@@ -72,3 +74,40 @@ def test_restored_weights_with_the_optimizer_moments_lost_name_the_optimizer_tem
     (failure,) = restored_differences(run([saved], [lost]))
     assert "1 of 3 tensor(s) differ from what was saved: optim.0.weight.exp_avg; only the optimizer's state" in failure
     assert "get_state_dict(model, optimizer)" in failure
+
+
+def test_a_checkpoint_without_metadata_is_torn_only_when_it_is_dcps(tmp_path):
+    from spotchaos.training.multirank.torchrun import published_without_metadata
+
+    def published(name: str, *files: str) -> dict:
+        folder = tmp_path / name
+        folder.mkdir()
+        for file in files:
+            (folder / file).write_bytes(b"x")
+        return {"event": "checkpoint", "step": 7, "uri": folder.as_uri()}
+
+    events = [
+        published("step_7", "model.safetensors", "optimizer.bin", "random_states_0.pkl"),  # accelerate's: no .metadata
+        published("step-000011", "__0_0.distcp", "manifest.json"),  # DCP's shard without its .metadata: torn
+    ]
+    (found,) = published_without_metadata(run(events).attempts, tmp_path)
+    assert found.startswith(
+        "checkpoint step-000011 (after step 7, attempt 0) was reported durable but has no .metadata"
+    )
+    assert published_without_metadata(run([published("step-000015", "manifest.json")]).attempts, tmp_path)
+
+
+def test_the_crash_points_of_a_save_include_its_temporary_folder_renamed_into_place():
+    from spotchaos.families.distributed import _save_points, _written_as
+
+    root = Path("/r/ckpt")
+    log = [
+        {"rank": 0, "index": 1, "event": "open-write", "path": f"{root}/.partial-4/model.safetensors"},
+        {"rank": 0, "index": 2, "event": "rename", "path": f"{root}/.partial-4 -> {root}/step_4"},
+        {"rank": 0, "index": 3, "event": "open-write", "path": f"{root}/.partial-9/model.safetensors"},
+        {"rank": 0, "index": 4, "event": "rename", "path": f"{root}/.partial-9 -> {root}/step_9"},
+    ]
+    folders = [_written_as(log, root / "step_4"), _written_as(log, root / "step_9")]
+    assert folders[0] == [root / "step_4", root / ".partial-4"]
+    points = _save_points(log, folders, 0)
+    assert [(p["index"], p["path"]) for p in points] == [(1, ".partial-4/model.safetensors"), (2, ".partial-4")]

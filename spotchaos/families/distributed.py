@@ -76,7 +76,8 @@ def rank_save_points(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
     if len(saved) < 2:
         raise SpotchaosError(f"job {job.name!r} reported fewer than 2 checkpoints: no second save to crash inside")
     ranks = sorted({e["rank"] for e in log if isinstance(e.get("rank"), int)})
-    points = [p for rank in ranks for p in _save_points([e for e in log if e.get("rank") == rank], saved, rank)]
+    folders = [_written_as(log, folder) for folder in saved[1:3]]  # the second save's, the third's
+    points = [p for rank in ranks for p in _save_points([e for e in log if e.get("rank") == rank], folders, rank)]
     if not points:
         raise SpotchaosError(
             f"job {job.name!r}: no rank wrote a file of its second checkpoint under SPOTCHAOS_CHECKPOINT_URI"
@@ -84,14 +85,26 @@ def rank_save_points(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
     return points
 
 
-def _save_points(log: list[dict[str, Any]], saved: list[Path], rank: int) -> list[dict[str, Any]]:
-    """One rank's events from its first in the second checkpoint's folder to its first in the third's."""
+def _written_as(log: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """``folder`` and every folder renamed into it by any rank (a save written to a temporary
+    ``.partial-N`` and renamed into place, as accelerate jobs do): the events of its save are
+    those under any of them."""
+    renamed = [Path(src) for src, _, dst in (e["path"].partition(" -> ") for e in log) if dst and Path(dst) == folder]
+    return [folder, *renamed]
+
+
+def _save_points(log: list[dict[str, Any]], folders: list[list[Path]], rank: int) -> list[dict[str, Any]]:
+    """One rank's events from its first in the second checkpoint's folders to its first in the third's."""
     paths = [Path(e["path"].split(" -> ")[0]) for e in log]
-    inside = [i for i, path in enumerate(paths) if path.is_relative_to(saved[1])]
+
+    def under(path: Path, of: list[Path]) -> bool:
+        return any(path.is_relative_to(folder) for folder in of)
+
+    inside = [i for i, path in enumerate(paths) if under(path, folders[0])]
     if not inside:
         return []  # this rank writes nothing of that checkpoint
-    later = [i for i, path in enumerate(paths) if len(saved) > 2 and path.is_relative_to(saved[2]) and i > inside[0]]
-    root = saved[1].parent
+    later = [i for i, path in enumerate(paths) if len(folders) > 1 and under(path, folders[1]) and i > inside[0]]
+    root = folders[0][0].parent
     return [
         {
             "rank": rank,

@@ -195,6 +195,19 @@ def uri_path(uri: str) -> Path:
     return Path(os.path.normpath(unquote(urlparse(uri).path) or "."))
 
 
+OTHER_FORMATS = (".safetensors", ".bin", ".pt", ".pth", ".pkl", ".ckpt")  # a torch.save or framework folder
+
+
+def _another_format(path: Path) -> bool:
+    """A checkpoint folder that is not torch.distributed.checkpoint's, so has no ``.metadata`` to
+    miss: no ``.distcp`` shard in it, and files of another format (accelerate's ``save_state``, a
+    job's own ``torch.save``). A folder with only a manifest, or nothing yet, may be DCP's published
+    early. Names only: nothing opened or followed."""
+    with os.scandir(path) as entries:
+        names = [entry.name for entry in entries]
+    return not any(n.endswith(".distcp") for n in names) and any(n.endswith(OTHER_FORMATS) for n in names)
+
+
 def published_without_metadata(run_attempts: list, root: Path | str) -> list[str]:
     """Checkpoints the job reported durable whose directory holds shards but no ``.metadata``
     (torch.distributed.checkpoint's index, written by the coordinator after every shard): it was
@@ -207,7 +220,7 @@ def published_without_metadata(run_attempts: list, root: Path | str) -> list[str
             path = uri_path(str(event.get("uri", "")))
             if not path.is_relative_to(root) or path == root or os.path.islink(path) or not path.is_dir():
                 continue
-            if not os.path.lexists(path / ".metadata"):
+            if not os.path.lexists(path / ".metadata") and not _another_format(path):
                 found.append(
                     f"checkpoint {path.name} (after step {event['step']}, attempt {attempt.index}) was reported "
                     "durable but has no .metadata: it was published before every shard was written, so a rank killed "

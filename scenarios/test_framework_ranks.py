@@ -1,0 +1,19 @@
+"""The built-in multi-rank scenarios on a framework job: ``accelerate-ddp`` (pyproject.toml), the
+accelerate job data-parallel on 2 ranks under torchrun: whole-job preemptions, a killed and a hung
+rank, a rank killed anywhere in its save (written to a temporary folder, renamed into place). Damaged
+checkpoints and the determinism baseline passed on it too (56 s, 50 s here); the main job leaves
+them to the one-process accelerate job and to ``ddp``. CI leaves this file out:
+tests/test_framework_ranks.py drives its notice, its killed rank and a broken job in the full run.
+
+On your own: ``pytest --spotchaos --spotchaos-job NAME --pyargs spotchaos.scenarios.test_distributed``.
+"""
+
+import pytest
+
+from spotchaos.scenarios.test_distributed import (  # noqa: F401
+    test_a_killed_rank_and_a_hung_rank,
+    test_a_rank_killed_anywhere_in_its_save_resumes_from_a_complete_checkpoint,
+    test_ranks_resume_bit_exact_after_preemptions,
+)
+
+pytestmark = [pytest.mark.spotchaos(jobs=["accelerate-ddp"]), pytest.mark.full]
