@@ -203,8 +203,11 @@ def _another_format(path: Path) -> bool:
     miss: no ``.distcp`` shard in it, and files of another format (accelerate's ``save_state``, a
     job's own ``torch.save``). A folder with only a manifest, or nothing yet, may be DCP's published
     early. Names only: nothing opened or followed."""
-    with os.scandir(path) as entries:
-        names = [entry.name for entry in entries]
+    try:
+        with os.scandir(path) as entries:
+            names = [entry.name for entry in entries]
+    except OSError:  # gone or unreadable since: nothing known of it, so judged as DCP's
+        return False
     return not any(n.endswith(".distcp") for n in names) and any(n.endswith(OTHER_FORMATS) for n in names)
 
 
