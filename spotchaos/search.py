@@ -22,7 +22,7 @@ from .families.preemption import DamageNotApplied, check
 from .faults.plan import Plan
 from .record import note_figures, note_plans
 from .session import SessionCore
-from .strategies import FirstPlans, preemption_plans, resumes_from_a_checkpoint
+from .strategies import FirstPlans, plan_cell, preemption_plans, resumes_from_a_checkpoint
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
 
@@ -63,11 +63,11 @@ def explore(
     # Where every plan passes it draws exactly those; a failure or a rejected plan makes it draw
     # others (shrinking), which run then, one at a time.
     if settings.parallel > 1:
-        search.ahead = _run_ahead(core, job, leading, searching, settings)
+        search.ahead = _run_ahead(core, job, leading, searching, settings, _Cells.of(reference, settings.max_examples))
     try:
         for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
-            search.attempt(plan)
-        searching(search.attempt)()
+            search.lead(plan)
+        searching(search.draw)()
     except FlakyFailure as group:
         failure = search.flaky(group)
         if failure is None:
@@ -80,6 +80,7 @@ def explore(
         ) from None
     finally:
         note_plans(search.tried)
+        note_figures({"cells": search.cells.figures(search.tried)})
         for left in search.ahead.values():  # run ahead, never reached by the search (it went elsewhere)
             if not isinstance(left, BaseException):
                 core.discard(left[0])
@@ -103,6 +104,46 @@ def _strategy(plans: PlanSource | None, reference: RunRecord) -> st.SearchStrate
     return strategy.filter(lambda plan: resumes_from_a_checkpoint(plan, first_checkpoint))
 
 
+REDRAWS_PER_PLAN = 5  # draws of an already-covered cell set aside, per plan the search runs, at most
+
+
+class _Cells:
+    """The cells a search has covered (``strategies.plan_cell``): a drawn plan of a covered cell
+    is set aside for another draw while the search has passed everything so far and has redraws
+    left, so the plans it runs spread over distinct cells first. After a failure nothing is set
+    aside: hypothesis's shrinking must see every plan it asks for."""
+
+    def __init__(self, checkpoints: list[int], epochs: list[int | None], examples: int) -> None:
+        self.checkpoints, self.epochs = checkpoints, epochs
+        self.covered: set[object] = set()
+        self.redraws = 0
+        self.budget = REDRAWS_PER_PLAN * examples
+        self.failed = False
+
+    def admit(self, plan: Plan, *, drawn: bool = True) -> bool:
+        """Whether to run ``plan`` now (led with, its cell is new, or nothing is set aside any more);
+        if so, it covers its cell."""
+        cell = plan_cell(plan, self.checkpoints, self.epochs)
+        if drawn and cell in self.covered and not self.failed and self.redraws < self.budget:
+            self.redraws += 1
+            return False
+        self.covered.add(cell)
+        return True
+
+    @classmethod
+    def of(cls, reference: RunRecord, examples: int) -> _Cells:
+        """The cells of a search on the job whose uninterrupted run is ``reference``."""
+        checkpoints = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
+        return cls(checkpoints, [_epoch(s.fingerprints.get("epoch")) for s in reference.steps], examples)
+
+    def figures(self, tried: int) -> dict[str, int]:
+        return {"cells_covered": len(self.covered), "plans_run": tried, "draws_set_aside": self.redraws}
+
+
+def _epoch(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class _Search:
     """One search's bookkeeping. A plan that passed (or had nothing to damage) runs once: a repeat
     draw is neither run nor counted again. A failing plan is run again when hypothesis replays it:
@@ -116,6 +157,7 @@ class _Search:
         self.aborted: list[SpotchaosError] = []
         self.tried = 0
         self.ahead: dict[str, tuple[RunRecord, Verdict] | BaseException] = {}
+        self.cells = _Cells.of(core.reference(job), settings.max_examples)
 
     def searching(self, examples: int) -> Callable[[Callable[[Plan], None]], Callable[[], None]]:
         """A hypothesis test of ``examples`` plans around a function of one plan, seeded as asked."""
@@ -136,8 +178,17 @@ class _Search:
 
         return search
 
-    def attempt(self, plan: Plan) -> None:
-        """One plan drawn (or led with): run and judged, or its verdict reused."""
+    def draw(self, plan: Plan) -> None:
+        """One plan hypothesis drew."""
+        self.attempt(plan)
+
+    def lead(self, plan: Plan) -> None:
+        """One plan led with, before the search draws: run whatever its cell."""
+        self.attempt(plan, drawn=False)
+
+    def attempt(self, plan: Plan, drawn: bool = True) -> None:
+        """One plan drawn (or, not ``drawn``, led with): run and judged, or its verdict reused, or
+        (drawn, of a cell already covered) set aside for another draw."""
         if self.aborted:
             return
         key = str(plan)
@@ -145,6 +196,8 @@ class _Search:
             if self.verdicts[key] == "reject":
                 reject()
             return
+        if not self.cells.admit(plan, drawn=drawn):
+            reject()  # a cell already covered: hypothesis draws another plan, which costs no run
         self.tried += 1
         shrinking = " (shrinking a failure)" if self.tried > self.settings.max_examples else ""
         log.info(
@@ -166,6 +219,7 @@ class _Search:
             self.verdicts[key] = "reject"
             reject()  # nothing to damage at that step: not a verdict, try another plan
         except ScenarioFailure:
+            self.cells.failed = True
             raise  # a verdict: hypothesis shrinks it to the smallest failing plan
         except SpotchaosError as exc:
             self.aborted.append(exc)
@@ -191,14 +245,20 @@ def _run_ahead(
     leading: list[Plan],
     searching: Callable[[Callable[[Plan], None]], Callable[[], None]],
     settings: ExploreSettings,
+    cells: _Cells,
 ) -> dict[str, tuple[RunRecord, Verdict] | BaseException]:
     """Each plan the search will draw if every plan passes (the same hypothesis search, seeded alike,
     on a test that runs nothing), run ``settings.parallel`` at a time: its run and verdict, or what it
     raised. The first error that is no verdict (the job hung, crashed) stops what has not started."""
     drawn: list[Plan] = []
+    for plan in leading:
+        cells.admit(plan, drawn=False)
 
     def draw(plan: Plan) -> None:
-        drawn.append(plan)
+        if str(plan) not in {str(p) for p in (*leading, *drawn)}:
+            if not cells.admit(plan):
+                reject()  # as the search will: another draw
+            drawn.append(plan)
 
     searching(draw)()
     plans = list({str(p): p for p in (*leading, *drawn)}.values())

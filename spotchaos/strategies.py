@@ -127,3 +127,34 @@ def _two_in_one_epoch(epochs: Sequence[int | None], ends: Sequence[int]) -> tupl
         if len(steps) >= 4:
             return steps[1], steps[-1]
     return None
+
+
+Cell = tuple[tuple[object, ...], ...]
+
+
+def plan_cell(plan: Plan, checkpoints: Sequence[int], epochs: Sequence[int | None]) -> Cell:
+    """What a plan tests, coarsely: for each fault, its kind (with the damage it does), the
+    reference's newest checkpoint before it (what a kill resumes from, the age of what a damage
+    rolls back to) and where in its epoch it lands (first step, inside, last step). Two plans of
+    one cell test much the same thing, so a search covers distinct cells before it repeats one;
+    a crash point is a cell of its own (each file-system event is a different moment of a save)."""
+    cells = []
+    for p in plan.preemptions:
+        if p.fs_event is not None:
+            cells.append(("crash", p.fs_event))
+            continue
+        kind = p.fault if p.damage is None else f"{p.fault}:{p.damage}"
+        before = max((c for c in checkpoints if c < p.at_step), default=None)
+        cells.append((kind, before, _place_in_epoch(p.at_step, epochs)))
+    return tuple(cells)
+
+
+def _place_in_epoch(step: int, epochs: Sequence[int | None]) -> str | None:
+    """``first``, ``inside`` or ``last`` step of its epoch; None where the job reports no epochs."""
+    if not 0 <= step < len(epochs) or epochs[step] is None:
+        return None
+    if step == 0 or epochs[step - 1] != epochs[step]:
+        return "first"
+    if step == len(epochs) - 1 or epochs[step + 1] != epochs[step]:
+        return "last"
+    return "inside"
