@@ -11,7 +11,10 @@ before and after each mechanism that cuts them.
 and prints the paired ratios: the session's wall time, and start-up per start, cold and warm.
 ``--prefix both`` does the same for the reference's prefix (training/prefix.py): every plan from
 step 0, then searched plans from the reference's checkpoints (the default), and prints the paired
-steps trained and runs' worth, with the steps credited instead.
+steps trained and runs' worth, with the steps credited instead. ``--cache both`` runs it twice on
+one new reference cache (training/reference_cache.py): the first session trains the reference and
+keeps it, the second reads it; every other figure here runs with the cache off, so a user's own
+cache never changes what is measured.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ BUDGETS = "spotchaos.scenarios.test_budgets"
 
 
 def measure(
-    job: str, profile: str, seed: int, budgets: bool, warm: str = "on", prefix: str = "on"
+    job: str, profile: str, seed: int, budgets: bool, warm: str = "on", prefix: str = "on", cache: str = "off"
 ) -> tuple[dict, float, int]:
     """(the report, the session's wall seconds, pytest's exit status)."""
     with tempfile.TemporaryDirectory(prefix="gate-cost-") as out:
@@ -49,6 +52,7 @@ def measure(
             f"--spotchaos-output={out}",
             f"--spotchaos-warm={warm}",
             f"--spotchaos-prefix={prefix}",
+            f"--spotchaos-reference-cache={cache}",
             "-p",
             "no:cacheprovider",
             "-q",
@@ -72,10 +76,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warm", default="on", choices=("on", "off", "both"))
     parser.add_argument("--prefix", default="on", choices=("on", "off", "both"))
+    parser.add_argument("--cache", default="off", choices=("off", "both"))
     parser.add_argument("--no-budgets", action="store_true", help="leave the two budget scenarios out")
     args = parser.parse_args()
-    if args.warm == "both" and args.prefix == "both":
-        parser.error("pair one mechanism at a time: --warm both or --prefix both")
+    if [args.warm, args.prefix, args.cache].count("both") > 1:
+        parser.error("pair one mechanism at a time: --warm both, --prefix both or --cache both")
+    if args.cache == "both":
+        sys.exit(paired_cache(args))
     totals, failed = {}, False
     variants = [(w, args.prefix) for w in ("off", "on")] if args.warm == "both" else [(args.warm, args.prefix)]
     if args.prefix == "both":
@@ -105,6 +112,26 @@ def main() -> None:
             f"{_per_start(warm, warm=True):.2f} s, a cold one {_per_start(cold, warm=False):.2f} s"
         )
     sys.exit(1 if failed else 0)
+
+
+def paired_cache(args: argparse.Namespace) -> int:
+    """Two sessions on one new reference cache: the first keeps the reference, the second reads it."""
+    measured = []
+    with tempfile.TemporaryDirectory(prefix="gate-cost-cache-") as folder:
+        for session in ("first (trains and keeps the reference)", "second (reads it)"):
+            document, wall, status = measure(
+                args.job, args.profile, args.seed, not args.no_budgets, args.warm, args.prefix, folder
+            )
+            head = f"job {args.job}, profile {args.profile}, seed {args.seed}, {session}"
+            print(f"{head}: pytest exit {status}, {wall:.0f} s")
+            measured.append((show(document, args.job), wall, status))
+    (first, first_wall, _), (second, second_wall, _) = measured
+    print(
+        f"paired: runs {second['runs']} / {first['runs']}, steps trained {second['steps']} / {first['steps']}, "
+        f"references read from the cache {second.get('cached_references', 0)} / {first.get('cached_references', 0)}; "
+        f"wall {second_wall:.0f} s / {first_wall:.0f} s = {second_wall / first_wall:.2f}"
+    )
+    return 1 if any(status != 0 for *_, status in measured) else 0
 
 
 def _per_start(total: dict, *, warm: bool) -> float:

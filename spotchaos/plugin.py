@@ -102,8 +102,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="searched plans start from a copy of the reference's checkpoint before their first fault, not step 0 "
         "(default: on; a scenario's first plan always starts from step 0)",
     )
+    _add_reference_cache_options(group)
     group.addoption("--spotchaos-history", metavar="DIR|off", help=HISTORY_HELP)
     group.addoption("--spotchaos-keep-runs", action="store_true", help="keep passing runs' folders too (default: not)")
+
+
+def _add_reference_cache_options(group: pytest.OptionGroup) -> None:
+    group.addoption(
+        "--spotchaos-reference-cache",
+        metavar="DIR|off",
+        help="where jobs' references are kept across sessions, so an unchanged job's is not trained again "
+        "(default: ~/.cache/spotchaos/references, or $XDG_CACHE_HOME's; SPOTCHAOS_REFERENCE_CACHE works too)",
+    )
+    group.addoption(
+        "--spotchaos-fresh-reference",
+        action="store_true",
+        help="train every job's reference again this session, and rewrite its cache entry (default: read it)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

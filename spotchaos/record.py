@@ -100,6 +100,7 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
             "convention": reference.convention,  # how a log-adapter script counts its steps, and whence
             "determinism": reference.audit,  # bit-reproducible or not, the mode, the envelope
             "snapshots": reference.snapshots,  # the copies plans may start from, or why there are none
+            "cache": reference.cache,  # read from the reference cache, stored in it, recomputed, or why not
         }
     if record.passed or not verdict.passed:  # the plots show the last failing run (the minimal plan), else the last
         record.trajectory = {
@@ -144,6 +145,15 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     cost["training_seconds"] = round(cost["training_seconds"] + max(0.0, attempts - startup), 3)
     cost["harness_seconds"] = round(cost["harness_seconds"] + max(0.0, run.wall_seconds - attempts), 3)
     record.cost = cost
+
+
+def note_cached_reference() -> None:
+    """The job's reference was read from the reference cache, for the scenario running now: no run made."""
+    record = current()
+    if record is not None:
+        cost = record.cost or empty_cost()
+        cost["cached_references"] = cost.get("cached_references", 0) + 1
+        record.cost = cost
 
 
 def note_harness(seconds: float) -> None:

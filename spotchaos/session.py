@@ -28,7 +28,7 @@ from .errors import NotDeterministic, SpotchaosError
 from .faults.plan import Plan
 from .host.gpu_leases import GpuPool
 from .host.warm.pool import WarmStarts
-from .record import note_cost, note_harness
+from .record import note_cached_reference, note_cost, note_harness
 from .safety.redact import leak_failure
 from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
@@ -37,6 +37,8 @@ from .training.engine.run import run_job
 from .training.judgement import judge_run, state_difference, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
 from .training.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
+from .training.prefix import why_not as why_no_prefix
+from .training.reference_cache import Cached, ReferenceCache, reference_difference
 from .training.state.diff import StateDifference
 from .training.state.kept import KeptCopies, kept_dir
 from .training.trajectory import RunRecord
@@ -114,6 +116,10 @@ class SessionCore:
         self.prefixes = Prefixes(share.get("prefix", True))
         self._passed: dict[tuple[str, str], tuple[RunRecord, Verdict]] = {}  # (job key, plan): a passing run
         self.kept = KeptCopies()  # the checkpoints kept for the state diff: one budget, identical files once
+        self.reference_cache: ReferenceCache | None = None  # references kept across sessions: the caller's
+        self._from_cache: set[str] = set()  # jobs whose reference came from it, and no failed run questioned yet
+        self._retired: list[RunRecord] = []  # references a fresh one replaced: removed at close
+        self._reference_lock = threading.Lock()
 
     def __enter__(self):
         return self
@@ -129,18 +135,11 @@ class SessionCore:
 
     @query
     def reference(self, job: JobSpec) -> RunRecord:
-        """The uninterrupted run of ``job``, computed once per session and job configuration."""
+        """The uninterrupted run of ``job``, computed once per session and job configuration (or
+        read from the reference cache, where the session has one and the job is unchanged)."""
         key = job.key()
         if key not in self._references:
-            workdir = self.next_dir(f"{job.name}-reference")
-            snapshots = self.prefixes.open(job, workdir)
-            record = self.execute(job, Plan(), workdir, learn=True, keep_checkpoints="all", snapshots=snapshots)
-            if not record.steps:
-                raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
-            self.prefixes.taken(job, record, snapshots)
-            if record.convention is not None:
-                self._conventions[key] = convention_from_dict(record.convention)
-            self._references[key] = record
+            self._references[key] = _cached_or_trained(self, job)
         if job.uninterrupted_runs > 1 and _audit_key(job) not in self._audits:
             self._audits[_audit_key(job)] = _audit(self, job, self._references[key])
         audit = self._audits.get(_audit_key(job))
@@ -306,6 +305,10 @@ class SessionCore:
             return replace(ran[0], reused=True), ran[1]
         start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
         record, verdict = self._judged(job, plan, start)
+        if not verdict.passed and _stale_reference(self, job):  # judged against a stale cached reference: again
+            self.discard(record)
+            start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
+            record, verdict = self._judged(job, plan, start)
         if verdict.passed and reuse:
             self._passed[(job.key(), str(plan))] = (record, verdict)
         if not verdict.passed:  # no more prefixes for the job: the search shrinks from step 0, as it always did
@@ -377,10 +380,65 @@ class SessionCore:
         a failure left something in it."""
         self._resources.close()  # containers, the S3 proxy and server, the warm interpreters
         self._docker = self._s3 = self.warm_starts = None
-        for reference in self._references.values():
+        for reference in [*self._references.values(), *self._retired]:
             self.discard(reference)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             self.workdir.rmdir()
+
+
+def _cached_or_trained(core: SessionCore, job: JobSpec, *, fresh: bool = False) -> RunRecord:
+    """The reference from the cache, else trained (and then kept in the cache); ``fresh``: trained."""
+    workdir = core.next_dir(f"{job.name}-reference")
+    cache, said = core.reference_cache, ""
+    if cache is not None and not fresh:
+        found = cache.load(job, core.root, workdir, with_snapshots=core.prefixes.enabled)
+        if isinstance(found, Cached):
+            core.prefixes.cached(job, found.record, found.snapshots)
+            found.record.cache = {"read": True, "said": found.said}
+            core._from_cache.add(job.key())
+            note_cached_reference()
+            return found.record
+        said = found
+    snapshots = core.prefixes.open(job, workdir)
+    # a job that may start from the reference's checkpoints logs its file-system events in it too: the
+    # crash points of a save are read from them, not from one more uninterrupted run (families/crashpoints.py)
+    traced = why_no_prefix(job) is None
+    record = core.execute(
+        job, Plan(), workdir, learn=True, keep_checkpoints="all", snapshots=snapshots, trace_fs=traced
+    )
+    if not record.steps:
+        raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
+    core.prefixes.taken(job, record, snapshots)
+    if record.convention is not None:
+        core._conventions[job.key()] = convention_from_dict(record.convention)
+    if cache is not None:
+        stored = cache.store(job, core.root, record, snapshots)
+        record.cache = {"read": False, "said": f"{said}; {stored}" if said else stored}
+    return record
+
+
+def _stale_reference(core: SessionCore, job: JobSpec) -> bool:
+    """A run of ``job`` failed while its reference came from the cache: train the reference again
+    and compare. True when they differ (the cache was stale: the new one replaces it, and the
+    run must be judged again); False when they agree or the reference was trained this session."""
+    key = job.key()
+    with core._reference_lock:
+        if key not in core._from_cache:
+            return False
+        core._from_cache.discard(key)
+        cached = core._references[key]
+        fresh = _cached_or_trained(core, job, fresh=True)
+        difference = reference_difference(cached, fresh)
+        core._references[key] = fresh  # equal when no difference: the fresh one is confirmed
+        core._retired.append(cached)  # a plan running beside this one may still read its copies
+        if difference is None:
+            fresh.cache = {**(fresh.cache or {}), "confirmed": "a run failed: the reference trained again matched"}
+            return False
+        said = f"the cached reference of {job.name!r} no longer matches the job ({difference}): recomputed"
+        log.warning("spotchaos: %s", said)
+        fresh.cache = {**(fresh.cache or {}), "recomputed": said}
+        core._passed = {k: v for k, v in core._passed.items() if k[0] != key}  # judged against the stale one
+        return True
 
 
 def _audit(core: SessionCore, job: JobSpec, reference: RunRecord) -> Audit:

@@ -22,6 +22,14 @@ sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True)
+def _a_reference_cache_of_the_tests_own(monkeypatch, tmp_path_factory):
+    """A pytest session a test starts keeps its references where the test alone sees them: one
+    test's inner sessions may read each other's (as a user's do), never another test's, and
+    nothing reaches the user's own cache."""
+    monkeypatch.setenv("SPOTCHAOS_REFERENCE_CACHE", str(tmp_path_factory.mktemp("reference-cache")))
+
+
+@pytest.fixture(autouse=True)
 def _inner_sessions_are_not_xdist_workers(monkeypatch):
     """The suite runs under pytest-xdist; a pytest session a test starts inherits the worker's
     PYTEST_XDIST_* variables and would take itself for a worker (pytest-benchmark then disables

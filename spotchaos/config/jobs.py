@@ -115,6 +115,8 @@ class JobSpec:
     # plans may start from the reference's checkpoints (training/prefix.py); their copies' bytes (None: free disk/4)
     prefix: bool = True
     snapshot_budget: int | None = None
+    # its reference may be kept across sessions in the user's cache (training/reference_cache.py)
+    cache_reference: bool = True
     source: str = "python"
 
     def __post_init__(self) -> None:
@@ -498,6 +500,7 @@ _PARSED_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "preload": ("preload", _modules),
     "prefix": ("prefix", _flag),
     "snapshot_budget": ("snapshot_budget", _byte_count),
+    "cache_reference": ("cache_reference", _flag),
     "resume_args": ("resume_args", command_of),
     "state_diff": ("state_diff", _flag),
     "state_diff_ignore": ("state_diff_ignore", _ignore_patterns),

@@ -8,6 +8,7 @@ events, not training steps.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
     ``checkpoint`` event: a trainer may finish work in the background once the checkpoint
     is durable (the reference unlinks rotated checkpoints so), and a crash there counts too.
     """
-    record, (log, *_) = trace(core, job, Plan())
+    record, (log, *_) = _reference_trace(core, job) or trace(core, job, Plan())
     events = record.attempts[0].events
     windows = _log_save_windows(events, log) if job.log is not None else _probe_save_windows(events, log)
     windows = [w for w in windows if w]
@@ -53,6 +54,14 @@ def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
         )
     rotating = [w for w in windows[1:] if any(e["event"] in ("shutil.rmtree", "os.remove") for e in w)]
     return rotating[0] if rotating else windows[-1]
+
+
+def _reference_trace(core: SessionCore, job: JobSpec) -> tuple[RunRecord, list[list[dict[str, Any]]]] | None:
+    """The reference's own file-system events, where it logged them (a job that takes prefixes
+    does: ``session._cached_or_trained``): the uninterrupted run a save's crash points are read from."""
+    reference = core.reference(job)
+    log = Path(reference.workdir) / "attempt-0" / FS_EVENTS
+    return (reference, [read_fs_events(log)]) if os.path.lexists(log) else None
 
 
 def _probe_save_windows(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:

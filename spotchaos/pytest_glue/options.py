@@ -6,6 +6,7 @@ where the bad value came from.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from ..config.profiles import PROFILES
 from ..errors import ConfigError
 from ..faults.plan import Plan
 from ..report.history import HISTORY_DIR
+from ..training.reference_cache import default_folder
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class RunOptions:
     warm: bool = True  # attempts of local Python jobs fork from a warm interpreter (host/warm)
     prefix: bool = True  # searched plans may start from the reference's checkpoints (training/prefix.py)
     history: str | None = HISTORY_DIR  # where each session's report is saved for compare (None: nowhere)
+    reference_cache: str | None = None  # where references are kept across sessions (None: nowhere)
+    fresh_reference: bool = False  # train every reference again, and rewrite its entry
 
 
 def resolve(
@@ -60,6 +64,8 @@ def resolve(
     warm: str | None = None,
     prefix: str | None = None,
     history: str | None = None,
+    reference_cache: str | None = None,
+    fresh_reference: bool = False,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     resolved_seed = _seed(seed if seed is not None else environ.get("SPOTCHAOS_SEED"), last_seed)
@@ -108,7 +114,24 @@ def resolve(
         warm=_on_off("--spotchaos-warm (or SPOTCHAOS_WARM)", warm or environ.get("SPOTCHAOS_WARM") or "on"),
         prefix=_on_off("--spotchaos-prefix (or SPOTCHAOS_PREFIX)", prefix or environ.get("SPOTCHAOS_PREFIX") or "on"),
         history=_history(history if history is not None else environ.get("SPOTCHAOS_HISTORY")),
+        reference_cache=_reference_cache(
+            reference_cache if reference_cache is not None else environ.get("SPOTCHAOS_REFERENCE_CACHE"), environ
+        ),
+        fresh_reference=fresh_reference,
     )
+
+
+def _reference_cache(value: str | None, environ: Mapping[str, str]) -> str | None:
+    """Where references are kept across sessions: ``off`` keeps none."""
+    if value is None:
+        return str(default_folder(environ))
+    if value == "off":
+        return None
+    if not value.strip() or "\0" in value:
+        raise ConfigError(
+            f"--spotchaos-reference-cache (or SPOTCHAOS_REFERENCE_CACHE): expected a folder or 'off', got {value!r}"
+        )
+    return os.path.abspath(os.path.expanduser(value))
 
 
 def _history(value: str | None) -> str | None:

@@ -36,6 +36,7 @@ from ..runner import ChaosRunner
 from ..safety.redact import SecretMatcher, artifact_leaks, leaking_files, redact, redact_files, secret_values
 from ..safety.safefs import NotPrivate
 from ..safety.sanitize import visible
+from ..training.reference_cache import ReferenceCache
 from .options import RunOptions, resolve
 from .stash import RECORDS, STATE
 
@@ -136,6 +137,8 @@ def start(config: pytest.Config) -> None:
             warm=config.getoption("spotchaos_warm"),
             prefix=config.getoption("spotchaos_prefix"),
             history=config.getoption("spotchaos_history"),
+            reference_cache=config.getoption("spotchaos_reference_cache"),
+            fresh_reference=config.getoption("spotchaos_fresh_reference"),
             require_docker=config.getoption("spotchaos_require_docker"),
             require_gpu=config.getoption("spotchaos_require_gpu"),
             verbose=config.option.verbose > 0,
@@ -163,6 +166,8 @@ def start(config: pytest.Config) -> None:
     runner = ChaosRunner(
         config.rootpath, workdir=runs, keep_passing=options.keep_runs, warm=options.warm, prefix=options.prefix
     )
+    if options.reference_cache is not None:
+        runner.reference_cache = ReferenceCache(options.reference_cache, fresh=options.fresh_reference)
     runner.ray_address = options.ray_address
     state = _State(settings, options, runner, now_iso())
     if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running

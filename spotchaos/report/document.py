@@ -7,7 +7,6 @@ and a command line that replays it. ``schema_version`` changes whenever a field 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -25,6 +24,7 @@ from typing import Any
 from .. import __version__
 from ..errors import ReportError
 from ..host.gpu import driver_version, nvidia_smi
+from ..host.machine import cpu_model, packages_digest
 from ..safety.redact import redact
 from .gate_cost import per_job
 
@@ -42,17 +42,6 @@ def _git_commit(root: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def _os_name() -> str:
     try:
         return platform.freedesktop_os_release().get("PRETTY_NAME") or platform.system()
@@ -60,34 +49,16 @@ def _os_name() -> str:
         return f"{platform.system()} {platform.release()}"
 
 
-def _packages_digest() -> tuple[str, int]:
-    """One hash of every installed distribution and its version: equal hashes, equal environments.
-    Read from the names of the ``name-version.dist-info`` folders on the path, which is where
-    ``importlib.metadata`` finds them too, without parsing each one's metadata (0.17 s a session)."""
-    names: set[str] = set()
-    for entry in sys.path:
-        try:
-            listing = os.scandir(entry or ".")
-        except OSError:
-            continue
-        with listing:
-            for child in listing:
-                stem, _, kind = child.name.rpartition(".")
-                if kind in ("dist-info", "egg-info"):
-                    names.add(stem.lower())
-    return hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest()[:16], len(names)
-
-
 def environment(root: Path) -> dict[str, Any]:
     """What the verdicts were measured on; torch and the GPU are described only if present."""
-    digest, count = _packages_digest()
+    digest, count = packages_digest()
     env: dict[str, Any] = {
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "os": _os_name(),
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "spotchaos": __version__,
         "git_commit": _git_commit(root),

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 # prefix_steps: steps credited from the reference's prefix (training/prefix.py), never trained; prefix_runs:
-# runs that started from it
-COUNTS = ("runs", "starts", "warm_starts", "steps", "prefix_steps", "prefix_runs")
+# runs that started from it; cached_references: references read from the reference cache, not run
+COUNTS = ("runs", "starts", "warm_starts", "steps", "prefix_steps", "prefix_runs", "cached_references")
 PARTS = ("startup_seconds", "training_seconds", "harness_seconds")  # where the seconds went: they add up
 SECONDS = (*PARTS, "warm_startup_seconds")  # the last, of the start-up: that of the warm starts
 MAX_COLD_REASONS = 8  # distinct reasons kept per scenario: enough to act on, bounded for the report
@@ -42,7 +42,7 @@ def per_job(scenarios: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     jobs: dict[str, dict[str, Any]] = {}
     for scenario in scenarios:
         cost = scenario.get("cost") or {}
-        if not cost.get("runs"):
+        if not cost.get("runs") and not cost.get("cached_references"):
             continue
         total = jobs.setdefault(scenario.get("job") or "?", {"scenarios": 0, **empty()})
         total["scenarios"] += 1
@@ -80,8 +80,10 @@ def cost_line(job: str, cost: dict[str, Any]) -> str:
         if credited
         else ""
     )
+    cached = ", its reference read from the cache" if cost.get("cached_references") else ""
     return (
-        f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs{prefix}, {cost['starts']} starts"
+        f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs{prefix}{cached}, "
+        f"{cost['starts']} starts"
         f"{_warm(cost)}, "
         f"{cost['startup_seconds']:.0f} s of start-up, {cost['training_seconds']:.0f} s of training, "
         f"{cost['harness_seconds']:.0f} s in the harness"

@@ -253,6 +253,12 @@ class Prefixes:
         elif self.enabled:
             reference.snapshots = {"steps": [], "refused": why_not(job)}
 
+    def cached(self, job: JobSpec, reference: RunRecord, snapshots: Snapshots | None) -> None:
+        """A reference read from the cache, with the snapshots it was kept with (already checked)."""
+        if snapshots is not None:
+            self._snapshots[job.key()] = snapshots
+            reference.snapshots = snapshots.describe()
+
     def start(self, job: JobSpec, plan: Plan, reference: RunRecord) -> Prefix | None:
         """Where ``plan`` may start: the reference's newest snapshot before its first fault."""
         snapshots = self._snapshots.get(job.key()) if why_not(job) is None else None  # a twin job may have it off

@@ -129,6 +129,9 @@ class RunRecord:
     # the reference's: the copies of its checkpoint folder later plans may start from
     snapshots: dict[str, Any] | None = None
     reused: bool = False  # the session had run this plan on this job already (another scenario): its verdict, again
+    # the reference's: whether it was read from the reference cache, stored in it, or why neither
+    # (spotchaos/training/reference_cache.py)
+    cache: dict[str, Any] | None = None
 
     @property
     def trained(self) -> list[Attempt]:
@@ -191,6 +194,24 @@ class RunRecord:
             for attempt in data["attempts"]:
                 attempt.pop("events")
         return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """The record ``to_dict(with_events=True)`` wrote (a reference read back from the cache);
+        a field this version does not know is a ``TypeError``, as a changed format should be."""
+        attempts = []
+        for attempt in data["attempts"]:
+            fault, damage = attempt.get("fault"), attempt.get("damage")
+            attempts.append(
+                Attempt(
+                    **{
+                        **attempt,
+                        "fault": FaultRecord(**fault) if fault is not None else None,
+                        "damage": Damage(**damage) if damage is not None else None,
+                    }
+                )
+            )
+        return cls(**{**data, "attempts": attempts})
 
 
 def _landed(fault: FaultRecord) -> int:
