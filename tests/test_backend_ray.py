@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from spotchaos.backends.raycluster import LocalRayCluster
+from spotchaos.backends.base import LaunchSpec
+from spotchaos.backends.raycluster import LocalRayCluster, RayBackend
+from spotchaos.backends.raycluster.agent import EXIT_FILE
 from spotchaos.backends.raycluster.cluster import LOOPBACK_ENV
 from spotchaos.config.jobs import ConfigError, JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import SpotchaosError
@@ -107,6 +109,25 @@ def test_a_gpu_job_sees_the_gpu_ray_gave_its_attempt_on_each_node(ray_runner, tm
     assert all(n["resources"]["GPU"] == 1.0 for n in nodes), nodes
 
 
+def test_a_jobs_exit_is_read_from_its_node_when_the_actor_no_longer_answers(ray_runner, tmp_path):
+    """Under load (or with its node going) an RPC to the attempt's actor fails: the job's exit
+    status is then the one the actor wrote on the node when the job exited, not a SIGKILL."""
+    backend = RayBackend(ray_runner.ray_cluster(), {"CPU": 1.0}, 10.0)
+    argv = (sys.executable, "-c", "import sys; sys.exit(3)")
+    spec = LaunchSpec(argv, backend.inherited_environment(), tmp_path, tmp_path / "stdout", tmp_path / "stderr")
+    handle = backend.start(spec)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / EXIT_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / EXIT_FILE).read_text() == "3\n"
+        backend.cluster.ray.kill(handle._actor, no_restart=True)  # every call to it fails from now on
+        assert handle.wait(10) == 3
+    finally:
+        with contextlib.suppress(Exception):  # the actor is gone: the node is released all the same
+            handle.cleanup()
+
+
 def test_a_job_asking_for_what_no_node_has_is_one_clear_error(ray_runner):
     greedy = replace(RAY_JOB, name="greedy", ray_resources=(("num_gpus", 8.0),))
     with pytest.raises(SpotchaosError, match=r"no Ray worker node offers \{'CPU': 1\.0, 'GPU': 8\.0\}"):
@@ -115,7 +136,9 @@ def test_a_job_asking_for_what_no_node_has_is_one_clear_error(ray_runner):
 
 OPEN_AND_CLOSE = """
 import json, os, sys
-from spotchaos.backends.raycluster import LocalRayCluster
+from spotchaos.backends.base import LaunchSpec
+from spotchaos.backends.raycluster import LocalRayCluster, RayBackend
+from spotchaos.backends.raycluster.agent import EXIT_FILE
 from spotchaos.processes import become_subreaper, children, descendants
 become_subreaper()
 shared_before = os.path.exists("/tmp/ray")
@@ -153,7 +176,9 @@ def test_nothing_of_a_local_cluster_is_left_once_it_closes(tmp_path):
 
 DIE_WITH_CLUSTER_OPEN = """
 import json, os, signal
-from spotchaos.backends.raycluster import LocalRayCluster
+from spotchaos.backends.base import LaunchSpec
+from spotchaos.backends.raycluster import LocalRayCluster, RayBackend
+from spotchaos.backends.raycluster.agent import EXIT_FILE
 from spotchaos.processes import children, descendants
 cluster = LocalRayCluster(workers=1).__enter__()
 pids = [p for d in children(os.getpid()) for p in descendants(d)]
@@ -262,7 +287,9 @@ def test_a_cluster_left_by_a_killed_session_is_ended_by_the_next(tmp_path):
 
 HOLD_A_CLUSTER = """
 import json, sys
-from spotchaos.backends.raycluster import LocalRayCluster
+from spotchaos.backends.base import LaunchSpec
+from spotchaos.backends.raycluster import LocalRayCluster, RayBackend
+from spotchaos.backends.raycluster.agent import EXIT_FILE
 with LocalRayCluster(workers=1) as cluster:
     print(json.dumps({"address": cluster.gcs_address, "nodes": sorted(cluster.nodes)}), flush=True)
     sys.stdin.read()  # until the test is done with it

@@ -17,6 +17,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -32,12 +33,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+EXIT_FILE = "ray-exit-status"  # beside the attempt's stdout: the job's exit status, written on its node
+
+
 class JobAgent:
     """One attempt's job on this node."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
         self._logs: list = []
+
+    def _record_exit(self, folder: Path) -> None:
+        """Wait for the job here, on its node, and write its exit status the moment it exits: the
+        harness reads it there when an RPC to this actor fails (a loaded machine, the node going),
+        instead of taking a job that exited for one its node killed."""
+        process = self._process
+        if process is None:
+            return
+        status = process.wait()
+        with contextlib.suppress(OSError), create_new(folder / EXIT_FILE) as file:
+            file.write(f"{status}\n".encode())
 
     def start(self, argv: list[str], env: dict[str, str], cwd: str, stdout_path: str, stderr_path: str) -> dict:
         """Start the job; who it is (pid, start time) and where (node, worker pid)."""
@@ -63,6 +78,7 @@ class JobAgent:
                 log.close()
             return {"error": f"could not start {argv[0]!r}: {exc.strerror or exc}"}
         pid = self._process.pid
+        threading.Thread(target=self._record_exit, args=(Path(stdout_path).parent,), daemon=True).start()
         with open(f"/proc/{pid}/stat", "rb") as stat:
             started = int(stat.read().rsplit(b")", 1)[1].split()[19])
         context = ray.get_runtime_context()

@@ -21,6 +21,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError
@@ -31,7 +32,7 @@ from .cluster import RayCluster, RayNode
 class RayHandle:
     """One attempt on one Ray node."""
 
-    def __init__(self, backend: RayBackend, node: RayNode, actor: Any, started: dict) -> None:
+    def __init__(self, backend: RayBackend, node: RayNode, actor: Any, started: dict, folder: Path) -> None:
         self._backend = backend
         self._ray = backend.cluster.ray
         self.node = node
@@ -41,6 +42,7 @@ class RayHandle:
         self.placement = {"backend": "ray", **node.describe(), "ray_gpus": started.get("gpus") or []}
         self._gone = False  # the node was removed: the job went with it
         self._exit: int | None = None
+        self._folder = folder  # the attempt's folder: the actor writes the job's exit status there
         self._cleaned = False
         self._lock = threading.Lock()
 
@@ -102,8 +104,10 @@ class RayHandle:
         return self._exit
 
     def _wait_local(self, timeout: float) -> int | None:
-        """After the node's removal the actor is gone with it: on a local cluster the job's exit is
-        seen here (its pid, by identity), and a job killed with its node is reported as SIGKILLed."""
+        """The actor did not answer (its node removed, or a machine too loaded for the RPC): on a
+        local cluster the job's exit is seen here (its pid, by identity) and its status read from
+        the file the actor wrote on the node when the job exited; a job that left no status was
+        killed with its node, and is reported as SIGKILLed."""
         if not self._backend.cluster.local:
             self._exit = -signal.SIGKILL
             return self._exit
@@ -114,8 +118,21 @@ class RayHandle:
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.05)
-        self._exit = -signal.SIGKILL
+        written = self._status_written()
+        self._exit = written if written is not None else -signal.SIGKILL
         return self._exit
+
+    def _status_written(self) -> int | None:
+        """The exit status the actor wrote on the node (``agent.EXIT_FILE``), if it did: read like
+        any file of the attempt's folder (bounded, no link followed)."""
+        from ...safety.safefs import UnsafeFile, read_text_bounded
+        from .agent import EXIT_FILE
+
+        try:
+            text = read_text_bounded(self._folder / EXIT_FILE, 64).strip()
+        except (OSError, UnsafeFile):
+            return None
+        return int(text) if text.lstrip("-").isdigit() else None
 
     def survivors(self) -> list[int]:
         if self._gone:
@@ -205,4 +222,4 @@ class RayBackend:
             ray.kill(actor, no_restart=True)
             self.cluster.release_node(node)
             raise BackendError(started["error"])
-        return RayHandle(self, node, actor, started)
+        return RayHandle(self, node, actor, started, spec.stdout_path.parent)
