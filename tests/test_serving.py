@@ -247,6 +247,15 @@ def test_the_drain_verdict_on_hand_made_requests():
     assert "1 of 1 request(s) in flight at the notice were not answered in full" in text
     assert "1 request(s) sent after the notice were dropped instead of refused" in text
     assert "got 503 without Retry-After" in text and "the drain took 5.80 s of a 6 s notice" in text
+    # the harness took 0.4 s to deliver the notice (a loaded machine, a container's API): not the service's
+    common = {"notice_at": 1.0, "exited_at": 6.8, "killed": False, "notice_seconds": 6, "margin": 0.5}
+    late = judge_drain(good, delivered_at=1.4, **common)
+    assert late.passed and late.figures["harness_delivery_seconds"] == 0.4, late.failures
+    later = judge_drain(good, delivered_at=1.1, **common)
+    assert later.failures == [
+        "the drain took 5.70 s of a 6 s notice (not counting the harness's 0.10 s to deliver the notice): less than "
+        "the 0.5 s margin was left"
+    ]
 
 
 @pytest.mark.unit

@@ -102,6 +102,7 @@ class _DrainRun:
             time.sleep(self.service.steady_seconds)
             notice_at = time.monotonic()
             notice.deliver(first.handle, time.time() + self.notice_seconds)
+            delivered_at = time.monotonic()  # a signal sent, a container's API answered, the notice posted
             killed, exited_at, readiness = self._drain_or_kill(first, notice_at)
             records, replacement, later_failures = self._replacement(load, answered, notice_at)
         channel_note = notice.how_it_was_read(notice_at)  # how the service took a metadata notice, if at all
@@ -116,6 +117,7 @@ class _DrainRun:
             replacement_at=self.replacement_at,
             unready_at=readiness.unready_at if readiness.unready_at is not None else exited_at,
             unready_bound=self.service.unready_bound,
+            delivered_at=delivered_at,
         )
         verdict.failures.extend(later_failures)
         verdict.passed = not verdict.failures

@@ -77,13 +77,17 @@ def judge_drain(
     replacement_at: float | None = None,
     unready_at: float | None = None,
     unready_bound: float | None = None,
+    delivered_at: float | None = None,
 ) -> DrainVerdict:
     """``records`` of one run; times are ``time.monotonic()``; ``killed``: the service was still up
     at the deadline (notice + ``notice_seconds``) and was SIGKILLed; ``replacement_at``: when the
     replacement was launched (requests from then on are the replacement's, judged apart);
     ``unready_at``: when its readiness check first failed after the notice (None: not watched),
-    which must be within ``unready_bound`` seconds of it."""
+    which must be within ``unready_bound`` seconds of it; ``delivered_at``: when the harness had
+    delivered the notice (None: at ``notice_at``), whose lateness is the harness's (a loaded
+    machine, a container's API) and is not counted against the service's margin."""
     requests = _Requests.of(records, notice_at, replacement_at)
+    late = max(0.0, (delivered_at if delivered_at is not None else notice_at) - notice_at)
     # a kill loses what is in flight at that moment: said with the kill, not as a refusal gone wrong
     at_kill = [
         r for r in requests.after if killed and r.outcome in FAILED and r.ended >= exited_at - KILL_SLACK_SECONDS
@@ -91,7 +95,7 @@ def judge_drain(
     failures = _request_failures(requests, at_kill)
     accepted = [r for r in requests.after if r.outcome == "ok" and r.ended <= exited_at + KILL_SLACK_SECONDS]
     ending = _ending_failure(
-        requests, at_kill, accepted, notice_at, exited_at, killed, notice_seconds, margin, channel_note
+        requests, at_kill, accepted, notice_at, exited_at, killed, notice_seconds, margin, channel_note, late
     )
     failures.extend([ending] if ending else [])
     readiness: dict[str, Any] = {}
@@ -102,6 +106,7 @@ def judge_drain(
     during = [r.ended - r.started for r in requests.in_flight + accepted if r.outcome == "ok"]
     figures = {
         "drain_seconds": round(exited_at - notice_at, 3),
+        "harness_delivery_seconds": round(late, 3),  # of drain_seconds: the harness's, before the service had it
         "killed": killed,
         "notice_seconds": notice_seconds,
         "requests": len(records),
@@ -166,10 +171,12 @@ def _ending_failure(
     notice_seconds: float,
     margin: float,
     channel_note: str,
+    late: float = 0.0,
 ) -> str | None:
     """How the instance ended: killed at the deadline (and what that says of its drain), or gone
-    by itself with less than the margin left; None when it left in time."""
-    drain = exited_at - notice_at
+    by itself with less than the margin left, the harness's own lateness in delivering the notice
+    not counted against it; None when it left in time."""
+    drain = exited_at - notice_at - late
     if killed:
         text = f"the drain was not over at the kill: the service still ran {notice_seconds:g} s after the notice"
         if at_kill:
@@ -183,8 +190,10 @@ def _ending_failure(
             text += f" ({channel_note})"
         return text
     if drain > notice_seconds - margin:
+        harness = f" (not counting the harness's {late:.2f} s to deliver the notice)" if late >= 0.005 else ""
         return (
-            f"the drain took {drain:.2f} s of a {notice_seconds:g} s notice: less than the {margin:g} s margin was left"
+            f"the drain took {drain:.2f} s of a {notice_seconds:g} s notice{harness}: less than the {margin:g} s "
+            "margin was left"
         )
     return None
 
