@@ -1,9 +1,11 @@
-"""A framework job on several ranks: the accelerate job data-parallel on 2 ranks under torchrun (gloo),
-gated by the same integration as on one process, each rank reporting its own steps. The correct job
-resumes bit-exact after the whole job's notice and after one rank's kill; the one that saves its
-state on the main process alone (the other ranks' RNG files never written) is named on rank 1.
-The main job runs every built-in multi-rank scenario on it (scenarios/test_framework_ranks.py);
-CI leaves these to the full run (docs/ci.md)."""
+"""Framework jobs on several ranks: the accelerate job and the Lightning job data-parallel on 2 ranks
+under torchrun (gloo), gated by the same integrations as on one process, each rank reporting its own
+steps. The correct jobs resume bit-exact after the whole job's notices and after one rank's kill; the
+accelerate job that saves its state on the main process alone (the other ranks' RNG files never
+written) is named on rank 1, as is the Lightning job whose RNG callback keeps rank 0's state, and
+Lightning's own SIGTERM handling on several ranks hangs, named with its cause. The main job runs
+every built-in multi-rank scenario on both (scenarios/test_framework_ranks.py); CI leaves these to
+the full run (docs/ci.md): the one-process jobs' tests cover the integrations there."""
 
 from __future__ import annotations
 
@@ -17,15 +19,14 @@ from spotchaos.runner import ChaosFailure
 
 from .helpers import ROOT
 
-pytestmark = pytest.mark.full
 
-
-def ranks_job(*args: str):
-    declared = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == "accelerate-ddp")
+def ranks_job(*args: str, name: str = "accelerate-ddp"):
+    declared = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == name)
     label = "-".join((declared.name, *(a.strip("-") for a in args)))
     return replace(declared, name=label, command=declared.command + args)
 
 
+@pytest.mark.full
 def test_accelerate_on_two_ranks_resumes_bit_exact_after_a_notice_and_a_killed_rank(runner):
     run, verdict = runner.run(ranks_job(), Plan.parse("sigterm@5,kill-rank1@14"))
     assert verdict.passed, verdict.message()
@@ -33,9 +34,39 @@ def test_accelerate_on_two_ranks_resumes_bit_exact_after_a_notice_and_a_killed_r
     assert {e.get("rank", 0) for a in run.attempts for e in a.of_kind("step")} == {0, 1}
 
 
+@pytest.mark.full
 def test_accelerate_saving_its_state_on_the_main_process_alone_is_named_on_rank_1(runner):
     with pytest.raises(ChaosFailure) as failure:
         runner.check(ranks_job("--save-on-main-only"), Plan.parse("sigterm@7"))
     text = str(failure.value)
     assert "rank 1: loss diverged at step 8" in text, text
     assert "holds no random_states_1.pkl: accelerate's load_state went on without restoring the RNG" in text, text
+
+
+@pytest.mark.full
+def test_lightning_on_two_ranks_resumes_bit_exact_after_notices_agreed_and_a_kill(runner):
+    """Each notice lands on both ranks (torchrun forwards it), each at its own moment: the ranks agree at
+    the step's end and checkpoint after the same step; every rank's RNG comes back, and each rank's
+    sampler skips its own share of the epoch (a resume inside epoch 1 of 4-step epochs)."""
+    run, verdict = runner.run(ranks_job(name="lightning-ddp"), Plan.parse("sigterm@6,sigkill@13"))
+    assert verdict.passed, verdict.message()
+    assert len(run.attempts) == 3
+    assert {e.get("rank", 0) for a in run.attempts for e in a.of_kind("step")} == {0, 1}
+    resumed = [e["from_step"] for a in run.attempts[1:] for e in a.of_kind("resume")]
+    assert 6 in resumed, resumed  # the notice's own checkpoint, after the step it landed on
+
+
+@pytest.mark.full
+def test_lightning_keeping_rank_0s_rng_for_every_rank_is_named_on_rank_1(runner):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(ranks_job("--rng-of-one-rank", name="lightning-ddp"), Plan.parse("sigkill@7"))
+    text = str(failure.value)
+    assert "rank 1: loss diverged at step 4" in text and "the RNG state" in text, text
+
+
+@pytest.mark.full
+def test_lightnings_own_sigterm_handling_on_two_ranks_hangs_and_is_named(runner):
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(ranks_job("--sigterm", "on-exception", name="lightning-ddp"), Plan.parse("sigterm@9"))
+    text = str(failure.value)
+    assert "grace window exceeded" in text and "dist.broadcast from inside the handler" in text, text

@@ -63,6 +63,14 @@ BETWEEN_EPOCHS = (
 )
 
 
+SIGTERM_ON_RANKS = (
+    "on several ranks Lightning 2.6's own SIGTERM handling hangs: its signal handler calls dist.broadcast from "
+    "inside the handler, where it meets whatever collective the training step was in (torchrun forwards the "
+    "notice to every rank; Lightning-AI/pytorch-lightning#20806). Note the signal only and agree at the step's "
+    "end: spotchaos.integrations.lightning_exact.SaveOnSigterm (docs/frameworks.md)"
+)
+
+
 def _order_from_global_rng(loader: Any) -> bool:
     """A shuffling DataLoader whose RandomSampler draws each epoch's order from the global RNG."""
     from torch.utils.data import RandomSampler
@@ -168,6 +176,9 @@ class SpotchaosCallback(pl.Callback):
         strategy.save_checkpoint = save_checkpoint  # the instance's: every save of this fit ends here
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.world_size > 1 and not any(getattr(c, "agrees_on_sigterm", False) for c in trainer.callbacks):
+            # said up front: a hang leaves nothing to report from
+            self.report.probe.emit("caveat", about="sigterm", text=SIGTERM_ON_RANKS)
         if trainer.ckpt_path and trainer.global_step > 0:
             self.report.resume(
                 trainer.global_step - 1, str(trainer.ckpt_path), data_caveat=self._resume_caveat(trainer)

@@ -304,9 +304,11 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
                 f"grace window exceeded: the trainer received the notice but did not exit within "
                 f"{g.grace_seconds:g} s of {signal}, so it was SIGKILLed — is its checkpoint too slow for the window?"
             )
+        said = next((e.get("text") for e in attempt.of_kind("caveat") if e.get("about") == "sigterm"), None)
         return (
             f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, so it "
-            "was SIGKILLed — does the trainer handle SIGTERM (checkpoint, then exit 0)?"
+            "was SIGKILLed — "
+            + (f"cause: {said}" if said else "does the trainer handle SIGTERM (checkpoint, then exit 0)?")
         )
     newest = [e["step"] for e in attempt.of_kind("checkpoint")]
     if g.exit_code is None:  # the launcher ran on and restarted the group (Ray Train, at the deadline)
