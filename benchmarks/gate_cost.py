@@ -9,10 +9,10 @@ before and after each mechanism that cuts them.
 
 ``--warm both`` runs the session twice, every attempt cold and then warm starts on (the default),
 and prints the paired ratios: the session's wall time, and start-up per start, cold and warm.
-``--prefix both`` does the same for the reference's prefix (training/prefix.py): every plan from
+``--prefix both`` does the same for the reference's prefix (training/reference/prefix.py): every plan from
 step 0, then searched plans from the reference's checkpoints (the default), and prints the paired
 steps trained and runs' worth, with the steps credited instead. ``--cache both`` runs it twice on
-one new reference cache (training/reference_cache.py): the first session trains the reference and
+one new reference cache (training/reference/cache.py): the first session trains the reference and
 keeps it, the second reads it; every other figure here runs with the cache off, so a user's own
 cache never changes what is measured.
 """

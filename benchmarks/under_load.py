@@ -1,10 +1,11 @@
-"""False alarms under load: the built-in preemption scenarios on the bundled correct jobs, on every
+"""False alarms under load: the built-in scenarios on the bundled correct jobs, on every
 backend (a local subprocess, a Docker container, a Ray node), beside two CPU hogs per core. A
 correct job must pass every scenario however loaded the machine: each failure here is a false
 alarm, counted and printed with its message.
 
-    spotchaos test-image && .venv/bin/python benchmarks/under_load.py [--seeds 1] [--hogs-per-core 2]
-        [--backends subprocess,docker,ray] [--profile quick]
+    spotchaos test-image && .venv/bin/python benchmarks/under_load.py [--seeds 1] [--first-seed 1]
+        [--hogs-per-core 2] [--backends subprocess,docker,ray] [--profile quick]
+        [--scenarios preemption,damage,budgets]
 
 Each backend runs one `pytest --spotchaos` session per seed (its reference trained in the session,
 no reference cache), the hogs running the whole time (`python -c 'while True: pass'`, the same
@@ -28,7 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILTIN = "spotchaos.scenarios.test_preemption"
+SCENARIOS = {  # the built-in scenario modules, by a short name
+    "preemption": "spotchaos.scenarios.test_preemption",
+    "damage": "spotchaos.scenarios.test_checkpoint_damage",
+    "budgets": "spotchaos.scenarios.test_budgets",
+}
 # the bundled correct job each backend runs (docker: the reference trainer in the test image)
 JOBS = {"subprocess": ("reference", ()), "docker": ("reference", ("--spotchaos-image=spotchaos-test",)),
         "ray": ("reference-ray", ())}  # fmt: skip
@@ -62,15 +67,15 @@ class LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
-def session(backend: str, seed: int, profile: str) -> tuple[dict, float, int, str]:
-    """One `pytest --spotchaos` session of the built-in preemption scenarios on the backend's job."""
+def session(backend: str, seed: int, profile: str, modules: list[str]) -> tuple[dict, float, int, str]:
+    """One `pytest --spotchaos` session of the built-in scenarios on the backend's job."""
     job, extra = JOBS[backend]
     with tempfile.TemporaryDirectory(prefix="under-load-") as out:
         command = [
             sys.executable, "-m", "pytest", "--spotchaos", f"--spotchaos-job={job}",
             f"--spotchaos-profile={profile}", f"--spotchaos-seed={seed}", f"--spotchaos-output={out}",
             "--spotchaos-reference-cache=off", "--spotchaos-require-docker", "-p", "no:cacheprovider", "-q",
-            *extra, "--pyargs", BUILTIN,
+            *extra, "--pyargs", *modules,
         ]  # fmt: skip
         started = time.monotonic()
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -86,7 +91,13 @@ def main() -> int:
     parser.add_argument("--hogs-per-core", type=int, default=2)
     parser.add_argument("--backends", default="subprocess,docker,ray")
     parser.add_argument("--profile", default="quick", choices=("quick", "standard"))
+    parser.add_argument("--scenarios", default="preemption,damage,budgets", help=f"of {', '.join(SCENARIOS)}")
+    parser.add_argument("--first-seed", type=int, default=1)
     args = parser.parse_args()
+    names = [name for name in args.scenarios.split(",") if name]
+    if not names or any(name not in SCENARIOS for name in names):
+        parser.error(f"--scenarios: a comma-separated list of {', '.join(SCENARIOS)}, got {args.scenarios!r}")
+    modules = [SCENARIOS[name] for name in names]
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in JOBS]
     if unknown:
@@ -98,10 +109,10 @@ def main() -> int:
     with hogs(count):
         time.sleep(5)  # the load builds up before the first session
         for backend in backends:
-            for seed in range(1, args.seeds + 1):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 sampler = LoadSampler()
                 sampler.start()
-                document, wall, status, tail = session(backend, seed, args.profile)
+                document, wall, status, tail = session(backend, seed, args.profile, modules)
                 sampler.done.set()
                 scenarios = document["scenarios"]
                 failed = [s for s in scenarios if not s.get("passed")]

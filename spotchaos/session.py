@@ -36,9 +36,9 @@ from .training.engine.options import EngineOptions
 from .training.engine.run import run_job
 from .training.judgement import judge_run, state_difference, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
-from .training.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
-from .training.prefix import why_not as why_no_prefix
-from .training.reference_cache import Cached, ReferenceCache, reference_difference
+from .training.reference.cache import Cached, ReferenceCache, reference_difference
+from .training.reference.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
+from .training.reference.prefix import why_not as why_no_prefix
 from .training.state.diff import StateDifference
 from .training.state.kept import KeptCopies, kept_dir
 from .training.trajectory import RunRecord
@@ -299,7 +299,7 @@ class SessionCore:
 
     def run(self, job: JobSpec, plan: Plan, *, prefix: bool = False, reuse: bool = False) -> tuple[RunRecord, Verdict]:
         """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's checkpoint
-        before its first fault where it can (training/prefix.py), and from step 0 again if that fails;
+        before its first fault where it can (training/reference/prefix.py), and from step 0 again if that fails;
         ``reuse``: a plan this session's searches already passed on the job is not run again."""
         if reuse and (ran := self._passed.get((job.key(), str(plan)))) is not None:
             return replace(ran[0], reused=True), ran[1]

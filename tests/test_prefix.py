@@ -26,7 +26,7 @@ from spotchaos.runner import ChaosRunner
 from spotchaos.search import ExploreSettings, explore
 from spotchaos.strategies import preemption_plans
 from spotchaos.training.engine.hold import CheckpointHold
-from spotchaos.training.prefix import Snapshots, choose, open_snapshots, why_not
+from spotchaos.training.reference.prefix import Snapshots, choose, open_snapshots, why_not
 
 from .helpers import FIXTURES, ROOT
 

@@ -22,7 +22,7 @@ from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
 from spotchaos.report.gate_cost import cost_line, per_job
 from spotchaos.runner import ChaosRunner
-from spotchaos.training.reference_cache import ENTRY, ReferenceCache, fingerprint, why_not
+from spotchaos.training.reference.cache import ENTRY, ReferenceCache, fingerprint, why_not
 
 from .helpers import FIXTURES, ROOT, run_pytest
 

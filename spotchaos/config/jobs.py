@@ -112,10 +112,11 @@ class JobSpec:
     # a local Python job's attempts fork from one interpreter that imported ``preload`` once (false: cold)
     warm: bool = True
     preload: tuple[str, ...] | None = None  # None: torch, where the job's Python has it
-    # plans may start from the reference's checkpoints (training/prefix.py); their copies' bytes (None: free disk/4)
+    # plans may start from the reference's checkpoints (training/reference/prefix.py); their copies' bytes
+    # (None: a quarter of the free disk)
     prefix: bool = True
     snapshot_budget: int | None = None
-    # its reference may be kept across sessions in the user's cache (training/reference_cache.py)
+    # its reference may be kept across sessions in the user's cache (training/reference/cache.py)
     cache_reference: bool = True
     source: str = "python"
 

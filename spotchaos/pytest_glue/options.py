@@ -16,7 +16,7 @@ from ..config.profiles import PROFILES
 from ..errors import ConfigError
 from ..faults.plan import Plan
 from ..report.history import HISTORY_DIR
-from ..training.reference_cache import default_folder
+from ..training.reference.cache import default_folder
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RunOptions:
     backend: str | None = None  # run every job on this backend (subprocess, ray; None: as each job says)
     ray_address: str | None = None  # the user's Ray cluster instead of a local one
     warm: bool = True  # attempts of local Python jobs fork from a warm interpreter (host/warm)
-    prefix: bool = True  # searched plans may start from the reference's checkpoints (training/prefix.py)
+    prefix: bool = True  # searched plans may start from the reference's checkpoints (training/reference/prefix.py)
     history: str | None = HISTORY_DIR  # where each session's report is saved for compare (None: nowhere)
     reference_cache: str | None = None  # where references are kept across sessions (None: nowhere)
     fresh_reference: bool = False  # train every reference again, and rewrite its entry

@@ -36,7 +36,7 @@ from ..runner import ChaosRunner
 from ..safety.redact import SecretMatcher, artifact_leaks, leaking_files, redact, redact_files, secret_values
 from ..safety.safefs import NotPrivate
 from ..safety.sanitize import visible
-from ..training.reference_cache import ReferenceCache
+from ..training.reference.cache import ReferenceCache
 from .options import RunOptions, resolve
 from .stash import RECORDS, STATE
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# prefix_steps: steps credited from the reference's prefix (training/prefix.py), never trained; prefix_runs:
+# prefix_steps: steps credited from the reference's prefix (training/reference/prefix.py), never trained; prefix_runs:
 # runs that started from it; cached_references: references read from the reference cache, not run
 COUNTS = ("runs", "starts", "warm_starts", "steps", "prefix_steps", "prefix_runs", "cached_references")
 PARTS = ("startup_seconds", "training_seconds", "harness_seconds")  # where the seconds went: they add up

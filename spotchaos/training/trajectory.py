@@ -124,13 +124,13 @@ class RunRecord:
     convention: dict[str, Any] | None = None  # a log-adapter job's step convention, learned by its uninterrupted run
     audit: dict[str, Any] | None = None  # the reference's: what the job's repeated uninterrupted runs showed
     # the run started from the reference's checkpoint after this step: attempt 0 is the reference's
-    # own steps through it, copied, not trained (spotchaos/training/prefix.py); None: from step 0
+    # own steps through it, copied, not trained (spotchaos/training/reference/prefix.py); None: from step 0
     prefix_step: int | None = None
     # the reference's: the copies of its checkpoint folder later plans may start from
     snapshots: dict[str, Any] | None = None
     reused: bool = False  # the session had run this plan on this job already (another scenario): its verdict, again
     # the reference's: whether it was read from the reference cache, stored in it, or why neither
-    # (spotchaos/training/reference_cache.py)
+    # (spotchaos/training/reference/cache.py)
     cache: dict[str, Any] | None = None
 
     @property

@@ -16,7 +16,7 @@ from ..logadapter import StepConvention
 from ..state.kept import KeptCopies
 
 if TYPE_CHECKING:
-    from ..prefix import Prefix, Snapshots
+    from ..reference.prefix import Prefix, Snapshots
 
 CRASHPOINT_DIR = Path(__file__).resolve().parents[2] / "faults" / "crashpoint"
 

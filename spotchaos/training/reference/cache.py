@@ -38,16 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..config.jobs import JobSpec
-from ..host.gpu import nvidia_smi
-from ..host.machine import cpu_model, packages_digest
-from ..safety.safefs import Folder, NotPrivate, UnsafeFile, copy_bytes, copy_contents, private_dir, regular_files
-from .engine.options import FS_EVENTS
+from ... import __version__
+from ...config.jobs import JobSpec
+from ...host.gpu import nvidia_smi
+from ...host.machine import cpu_model, packages_digest
+from ...safety.safefs import Folder, NotPrivate, UnsafeFile, copy_bytes, copy_contents, private_dir, regular_files
+from ..engine.options import FS_EVENTS
+from ..state.kept import kept_dir
+from ..trajectory import RunRecord
 from .prefix import Snapshots, open_snapshots
 from .prefix import why_not as why_no_prefix
-from .state.kept import kept_dir
-from .trajectory import RunRecord
 
 log = logging.getLogger("spotchaos")
 
@@ -77,7 +77,7 @@ def why_not(job: JobSpec) -> str | None:
 @functools.cache
 def _sources_digest() -> str:
     """spotchaos's own Python sources: the probe writes the events, the engine holds the steps."""
-    package = Path(__file__).resolve().parents[1]
+    package = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")

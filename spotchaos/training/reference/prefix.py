@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from ..config.jobs import JobSpec
-from ..faults.plan import Plan
-from ..safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
-from .engine.hold import CheckpointHold
-from .state.kept import MTIME_SLACK_NS
-from .trajectory import Attempt, RunRecord
+from ...config.jobs import JobSpec
+from ...faults.plan import Plan
+from ...safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
+from ..engine.hold import CheckpointHold
+from ..state.kept import MTIME_SLACK_NS
+from ..trajectory import Attempt, RunRecord
 
 SNAPSHOTS_SUFFIX = ".snapshots"
 HELD_WITHIN_SECONDS = 2.0  # the job announces its hold right after the event the harness read
