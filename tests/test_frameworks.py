@@ -94,6 +94,31 @@ def test_lightning_checkpoints_at_step_boundaries_only_resume_exact_under_accumu
     assert runner.check(job("lightning", "--accumulate", "2"), Plan.parse("sigkill@9,sigkill@8")).passed
 
 
+@pytest.mark.full  # CI: the pattern below (unit); the main job draws the damage plans on the correct job
+def test_a_lightning_job_rolled_back_to_last_ckpt_is_not_a_latent_failure_of_its_checkpoint_callbacks_paths(runner):
+    """The only checkpoint damaged (truncated to nothing): the correct job rolls back to last.ckpt of
+    the same step, and the StepBoundaryCheckpoint it restores from there remembers that file as its
+    last one, where the reference's had none yet: a path of the callback's bookkeeping, not state (a
+    false alarm the main job's damage search found once plans spread over cells)."""
+    run, verdict = runner.run(job("lightning"), Plan.parse("sigkill@6:truncate-zero"))
+    assert verdict.passed, verdict.message()
+    assert any(a.of_kind("rollback") for a in run.attempts)
+
+
+@pytest.mark.unit
+def test_the_bookkeeping_of_any_model_checkpoint_subclass_is_not_compared():
+    import fnmatch
+
+    from spotchaos.training.frameworks import state_diff_ignore
+
+    patterns = state_diff_ignore("lightning", ())
+    ours = "callbacks.StepBoundaryCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 6}.last_model_path"
+    early = "callbacks.EarlyStopping{'monitor': 'loss', 'mode': 'min'}.wait_count"
+    assert any(fnmatch.fnmatchcase(ours, p) for p in patterns)
+    assert not any(fnmatch.fnmatchcase(early, p) for p in patterns)  # another callback's state is compared
+    assert not any(fnmatch.fnmatchcase(ours.replace("last_model_path", "current_score"), p) for p in patterns)
+
+
 def test_a_lightning_job_whose_sampler_skips_the_trained_batches_is_not_blamed_on_its_plain_loader(runner):
     """The correct job's sampler (it skips what the restored global_step says was trained) without
     its RNG state: the batches agree after the resume, so the cause is the RNG, never the loader."""

@@ -16,16 +16,23 @@ from typing import Any
 # step) and their scores. Its loops count how often an epoch or batch was made ready and started,
 # which a resume does once more; what was completed and processed is still compared. The state a
 # resume must restore is elsewhere (those counts, optimizers, model).
+_MODEL_CHECKPOINT_BOOKKEEPING = (
+    "last_model_path",
+    "best_model_path",
+    "best_model_score",
+    "kth_best_model_path",
+    "kth_value",
+    "best_k_models*",
+    "dirpath",
+)
+# A callback's state is keyed by its class name and its state key: a subclass of ModelCheckpoint
+# (lightning_exact's StepBoundaryCheckpoint, a user's own) has another name and the same state, whose
+# key starts with the monitor it watches (``StepBoundaryCheckpoint{'monitor': None, ...}``).
 _LIGHTNING = (
     "loops.*.ready",
     "loops.*.started",
-    "*ModelCheckpoint*.last_model_path",
-    "*ModelCheckpoint*.best_model_path",
-    "*ModelCheckpoint*.best_model_score",
-    "*ModelCheckpoint*.kth_best_model_path",
-    "*ModelCheckpoint*.kth_value",
-    "*ModelCheckpoint*.best_k_models*",
-    "*ModelCheckpoint*.dirpath",
+    *(f"*ModelCheckpoint*.{name}" for name in _MODEL_CHECKPOINT_BOOKKEEPING),
+    *(f"callbacks.*{{'monitor'*.{name}" for name in _MODEL_CHECKPOINT_BOOKKEEPING),
 )
 
 STATE_DIFF_IGNORE: dict[str, tuple[str, ...]] = {
