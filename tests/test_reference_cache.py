@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spotchaos.config.jobs import JobSpec, job_from_mapping
+from spotchaos.config.jobs import JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
@@ -233,3 +233,20 @@ def test_the_crash_points_of_a_save_come_from_the_references_own_trace_cached_or
         middle = traced[len(traced) // 2]["index"]
         _, verdict = second.run(job, Plan.parse(f"crash@{middle}"))
         assert verdict.passed, verdict.message()
+
+
+def test_a_cached_reference_whose_checkpoints_name_its_own_folder_is_compared_as_trained_there(tmp_path):
+    """A Trainer's training_args.bin holds its output_dir: the cached reference's checkpoints name the
+    folder it was trained in, sessions ago, not the one it was copied to. The state diff takes that
+    folder for the reference's own, as it takes the run's for the run's (else every resume of a
+    Trainer read from the cache would be a latent failure in output_dir)."""
+    trainer = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == "hf-trainer")
+    folder = tmp_path / "cache"
+    with session(tmp_path, ReferenceCache(folder), "first") as first:
+        trained = first.reference(trainer)
+    with session(tmp_path, ReferenceCache(folder), "second") as second:
+        read = second.reference(trainer)
+        assert read.cache["read"] is True and read.trained_in == trained.workdir != read.workdir
+        _, verdict = second.run(trainer, Plan.parse("sigterm@9"))  # from step 0: its checkpoints diffed
+        assert verdict.passed, verdict.message()
+        assert "confirmed" not in read.cache and "recomputed" not in second.reference(trainer).cache

@@ -138,6 +138,6 @@ def state_difference(
             job.state_diff_ignore,
         ),
         exact_floats=job.exactness == "bit",
-        runs=(str(reference.workdir), str(run.workdir)),
+        runs=(reference.trained_in or str(reference.workdir), str(run.workdir)),
         first_attempt=0 if uninterrupted else 1,
     )

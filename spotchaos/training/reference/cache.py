@@ -283,6 +283,7 @@ def _materialise(entry: Folder, data: dict[str, Any], workdir: Path, snapshot_bu
     snapshots (unless ``snapshot_budget`` is -1) copied beside it, every path in its events moved there."""
     old = str(data["workdir"])
     record = RunRecord.from_dict(_moved(data["record"], old, str(workdir)))
+    record.trained_in = old  # what its kept checkpoints name as their own folder
     workdir.mkdir()
     (workdir / "checkpoints").mkdir()
     kept = entry.path / "kept"
