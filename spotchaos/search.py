@@ -251,13 +251,15 @@ def _run_ahead(
     on a test that runs nothing), run ``settings.parallel`` at a time: its run and verdict, or what it
     raised. The first error that is no verdict (the job hung, crashed) stops what has not started."""
     drawn: list[Plan] = []
+    seen = {str(plan) for plan in leading}
     for plan in leading:
         cells.admit(plan, drawn=False)
 
     def draw(plan: Plan) -> None:
-        if str(plan) not in {str(p) for p in (*leading, *drawn)}:
+        if str(plan) not in seen:
             if not cells.admit(plan):
                 reject()  # as the search will: another draw
+            seen.add(str(plan))
             drawn.append(plan)
 
     searching(draw)()

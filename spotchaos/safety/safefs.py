@@ -203,17 +203,23 @@ def _copy_into(src: Folder, dst: Folder) -> None:
             with src.folder(entry.name) as inner_src, dst.folder(entry.name) as inner_dst:
                 _copy_into(inner_src, inner_dst)
         elif stat.S_ISREG(mode):
-            source = src.open_file(entry.name)
-            try:
-                target = os.open(entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644, dir_fd=dst.fd)
-                try:
-                    copy_bytes(source, target)
-                finally:
-                    os.close(target)
-            finally:
-                os.close(source)
+            copy_file(src, entry.name, dst, entry.name)
         else:
             raise _refuse(src.path / entry.name, _kind(mode))
+
+
+def copy_file(src: Folder, name: str, dst: Folder, target: str, mode: int = 0o644) -> None:
+    """One regular file of ``src`` copied to the new name ``target`` in ``dst``: read and created
+    through the folders' fds, a link at either end refused."""
+    source = src.open_file(name)
+    try:
+        written = dst.create_file(target, mode)
+        try:
+            copy_bytes(source, written)
+        finally:
+            os.close(written)
+    finally:
+        os.close(source)
 
 
 def copy_bytes(source: int, target: int) -> None:

@@ -42,7 +42,7 @@ from ... import __version__
 from ...config.jobs import JobSpec
 from ...host.gpu import nvidia_smi
 from ...host.machine import cpu_model, packages_digest
-from ...safety.safefs import Folder, NotPrivate, UnsafeFile, copy_bytes, copy_contents, private_dir, regular_files
+from ...safety.safefs import Folder, NotPrivate, UnsafeFile, copy_contents, copy_file, private_dir, regular_files
 from ..engine.options import FS_EVENTS
 from ..state.kept import kept_dir
 from ..trajectory import RunRecord
@@ -196,6 +196,15 @@ class ReferenceCache:
         self.folder = Path(folder)
         self.fresh = fresh
         self.off: str | None = None  # why the cache could not be used at all this session
+        self._fingerprints: dict[tuple[str, str], str] = {}  # (job, root) -> its fingerprint, taken once
+
+    def fingerprint(self, job: JobSpec, root: Path) -> str:
+        """The job's fingerprint as it was when the session first asked (before its reference ran):
+        hashing its files and asking for its GPUs once, and the entry stored under what was trained."""
+        key = (repr(job), str(root))
+        if key not in self._fingerprints:
+            self._fingerprints[key] = fingerprint(job, root)
+        return self._fingerprints[key]
 
     def _open(self) -> Folder | None:
         if self.off is not None:
@@ -218,7 +227,7 @@ class ReferenceCache:
         top = self._open()
         if top is None:
             return f"not read: {self.off}"
-        digest = fingerprint(job, root)
+        digest = self.fingerprint(job, root)
         with top:
             try:
                 entry = top.folder(_entry_name(job, digest))
@@ -249,7 +258,7 @@ class ReferenceCache:
         top = self._open()
         if top is None:
             return f"not stored: {self.off}"
-        digest = fingerprint(job, root)
+        digest = self.fingerprint(job, root)
         name = _entry_name(job, digest)
         temporary = f".new-{name}-{os.getpid()}-{secrets.token_hex(4)}"
         with top:
@@ -291,7 +300,7 @@ def _materialise(entry: Folder, data: dict[str, Any], workdir: Path, snapshot_bu
     if FS_EVENTS in held:
         (workdir / "attempt-0").mkdir()
         with Folder.open(workdir / "attempt-0") as attempt:
-            _copy_file(entry.path / FS_EVENTS, attempt, FS_EVENTS)
+            copy_file(entry, FS_EVENTS, attempt, FS_EVENTS, 0o600)
     if "kept" in held:
         kept_dir(workdir).mkdir()
         copy_contents(kept, kept_dir(workdir))
@@ -327,7 +336,8 @@ def _write(top: Folder, name: str, record: RunRecord, snapshots: Snapshots | Non
             file.write(json.dumps(data).encode())
         traced = Path(record.workdir) / "attempt-0" / FS_EVENTS  # its file-system events, for crash points
         if os.path.lexists(traced):
-            _copy_file(traced, entry, FS_EVENTS)
+            with Folder.open(traced.parent) as attempt:
+                copy_file(attempt, FS_EVENTS, entry, FS_EVENTS, 0o600)
         kept = kept_dir(record.workdir)
         if kept.is_dir() and not kept.is_symlink():
             os.mkdir("kept", 0o700, dir_fd=entry.fd)
@@ -337,20 +347,6 @@ def _write(top: Folder, name: str, record: RunRecord, snapshots: Snapshots | Non
             for step, folder in sorted(snapshots.taken.items()):
                 os.mkdir(f"snapshots/s{step}", 0o700, dir_fd=entry.fd)
                 copy_contents(folder, entry.path / "snapshots" / f"s{step}")
-
-
-def _copy_file(source: Path, into: Folder, name: str) -> None:
-    """One file copied into a folder of the harness's, neither end reached through a link."""
-    with Folder.open(source.parent) as parent:
-        fd = parent.open_file(source.name)
-    try:
-        target = into.create_file(name, 0o600)
-        try:
-            copy_bytes(fd, target)
-        finally:
-            os.close(target)
-    finally:
-        os.close(fd)
 
 
 def _prune(top: Folder, job: JobSpec) -> None:
