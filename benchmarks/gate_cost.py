@@ -172,6 +172,7 @@ def show(document: dict, job: str) -> dict:
         f"{total['runs']} runs, {total['starts']} starts ({total.get('warm_starts', 0)} warm), "
         f"{total['startup_seconds']:.0f} s start-up ({share:.0%} of the job's time), "
         f"{total['training_seconds']:.0f} s training, {total['harness_seconds']:.0f} s harness"
+        + (f", {total['gpu_seconds']:.0f} GPU-seconds" if total.get("gpu_seconds") else "")
     )
     if total.get("cold_because"):
         print("cold because: " + "; ".join(f"{why} ({n})" for why, n in total["cold_because"].items()))

@@ -143,6 +143,8 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     cold = Counter(a.start_kind.partition(": ")[2] for a in trained if a.start_kind.startswith("cold: "))
     add_cold_reasons(cost["cold_because"], cold)
     cost["training_seconds"] = round(cost["training_seconds"] + max(0.0, attempts - startup), 3)
+    held = sum(a.wall_seconds * a.gpu_count for a in trained)  # a GPU is paid for from launch to exit
+    cost["gpu_seconds"] = round(cost.get("gpu_seconds", 0.0) + held, 3)
     cost["harness_seconds"] = round(cost["harness_seconds"] + max(0.0, run.wall_seconds - attempts), 3)
     record.cost = cost
 

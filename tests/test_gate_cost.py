@@ -49,3 +49,27 @@ def test_the_html_page_shows_each_jobs_cost_and_a_bar_per_scenario():
     # the costlier scenario's bar is the full width (10 + 20 + 2.5 s); the cheaper one's, half of it
     assert 'class="bar startup" style="width: 30.8%"' in page and 'class="bar training" style="width: 61.5%"' in page
     assert 'class="bar harness" style="width: 7.7%"' in page and 'class="bar startup" style="width: 15.4%"' in page
+
+
+@pytest.mark.unit
+def test_a_gpu_gate_is_billed_in_device_seconds_of_the_gpus_each_attempt_held():
+    from spotchaos.record import ScenarioRecord, note_cost
+    from spotchaos.training.trajectory import Attempt, RunRecord
+
+    def attempt(index: int, seconds: float, **held) -> Attempt:
+        return Attempt(index, 0, seconds, 0.5, events=held.pop("events", []), **held)
+
+    used = [{"event": "checkpoint", "step": 5, "rank": r, "memory": {"gpu_max_allocated": 2**20}} for r in (0, 1)]
+    cpu = [{"event": "checkpoint", "step": 5, "memory": {"max_rss": 2**20, "gpu_max_allocated": None}}]
+    attempts = [
+        attempt(0, 10.0, gpus={"devices": ["0", "1"]}),  # leased two: 20
+        attempt(1, 4.0, placement={"ray_gpus": ["3"]}),  # given one by Ray: 4
+        attempt(2, 3.0, events=used),  # two ranks used CUDA, none leased: 6
+        attempt(3, 7.0, events=cpu),  # a CPU attempt: 0
+    ]
+    with ScenarioRecord("gpu", "ref", None) as record:
+        note_cost(RunRecord("ref", "sigkill@5", attempts, 30.0, "/tmp/run"), 24)
+    assert record.cost["gpu_seconds"] == 30.0
+    line = cost_line("ref", per_job([{"scenario": "gpu", "job": "ref", "cost": record.cost}])["ref"])
+    assert line.endswith("in the harness, 30 GPU-seconds"), line
+    assert "GPU-seconds" not in cost_line("ref", per_job([_scenario("ref", 1, 24, 24)])["ref"])  # a CPU job's: none

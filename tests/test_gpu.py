@@ -14,6 +14,7 @@ import pytest
 from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import NotDeterministic
 from spotchaos.faults.plan import Plan
+from spotchaos.record import ScenarioRecord
 
 from .helpers import FIXTURES, ROOT
 
@@ -40,6 +41,7 @@ def test_the_reference_trainer_on_cuda_resumes_bit_exact(runner, plan, record_pr
     assert verdict.passed and verdict.precision == "bit-exact", verdict.message()
     peak = runner.reference(job).memory_peaks()["gpu_max_allocated"]
     assert peak and peak > 0, "the probe reports the GPU memory the job allocated"
+    assert runner.reference(job).attempts[0].gpu_count == 1  # leasing none, it held the GPU it used
     record_property("figures", json.dumps({"plan": plan, "gpu_max_allocated": peak}))
 
 
@@ -65,13 +67,18 @@ def test_the_report_names_the_device_and_its_memory():
     assert env["cuda_available"] and env["gpu"] and env["gpu_memory_bytes"] > 0 and env["gpu_count"] >= 1
 
 
-def test_an_attempt_on_cuda_leases_a_gpu_the_driver_lists_and_sees_only_it(runner):
+def test_an_attempt_on_cuda_leases_a_gpu_the_driver_lists_and_sees_only_it(runner, record_property):
     """``gpus = 1`` on a GPU machine: the lease comes from nvidia-smi's list and is what the job's
     CUDA_VISIBLE_DEVICES names; the run is judged as any other."""
     from spotchaos.host.gpu_leases import discovered_devices
 
     job = cuda_trainer(gpus=1)
-    verdict = runner.check(job, Plan.parse("sigterm@7"))
+    with ScenarioRecord("cuda-lease", job.name, None) as record:
+        verdict = runner.check(job, Plan.parse("sigterm@7"))
     assert verdict.passed, verdict.message()
     leased = runner.reference(job).attempts[0].gpus
     assert leased is not None and len(leased["devices"]) == 1 and leased["devices"][0] in discovered_devices()
+    # the gate's cost in device-seconds: one GPU held by every attempt, the reference's and the plan's
+    cost = record.cost
+    assert 0 < cost["gpu_seconds"] <= cost["startup_seconds"] + cost["training_seconds"] + 0.01, cost
+    record_property("figures", json.dumps({k: cost[k] for k in ("gpu_seconds", "startup_seconds", "training_seconds")}))

@@ -15,7 +15,9 @@ from typing import Any
 # runs that started from it; cached_references: references read from the reference cache, not run
 COUNTS = ("runs", "starts", "warm_starts", "steps", "prefix_steps", "prefix_runs", "cached_references")
 PARTS = ("startup_seconds", "training_seconds", "harness_seconds")  # where the seconds went: they add up
-SECONDS = (*PARTS, "warm_startup_seconds")  # the last, of the start-up: that of the warm starts
+# warm_startup_seconds: of the start-up, that of the warm starts; gpu_seconds: device-seconds, each GPU an
+# attempt held (leased, given by Ray, or used) for its launch to its exit: what a GPU gate is billed
+SECONDS = (*PARTS, "warm_startup_seconds", "gpu_seconds")
 MAX_COLD_REASONS = 8  # distinct reasons kept per scenario: enough to act on, bounded for the report
 
 
@@ -81,10 +83,12 @@ def cost_line(job: str, cost: dict[str, Any]) -> str:
         else ""
     )
     cached = ", its reference read from the cache" if cost.get("cached_references") else ""
+    gpu = float(cost.get("gpu_seconds") or 0.0)
+    held = f", {gpu:.0f} GPU-seconds" if gpu else ""
     return (
         f"gate cost of {job!r}: {head}{cost['steps']} steps{of} in {cost['runs']} runs{prefix}{cached}, "
         f"{cost['starts']} starts"
         f"{_warm(cost)}, "
         f"{cost['startup_seconds']:.0f} s of start-up, {cost['training_seconds']:.0f} s of training, "
-        f"{cost['harness_seconds']:.0f} s in the harness"
+        f"{cost['harness_seconds']:.0f} s in the harness{held}"
     )

@@ -88,6 +88,19 @@ class Attempt:
         ]
 
     @property
+    def gpu_count(self) -> int:
+        """The GPUs the attempt held, for its device-seconds on the gate's cost: those it leased or
+        Ray gave it, or, where it leased none, each rank whose probe reported CUDA memory (a job
+        that simply uses the machine's GPU holds it all the same)."""
+        leased = len((self.gpus or {}).get("devices") or ()) or len((self.placement or {}).get("ray_gpus") or ())
+        using = set()
+        for event in self.events:
+            memory = event.get("memory") if isinstance(event.get("memory"), dict) else {}
+            if isinstance(memory.get("gpu_max_allocated"), int) and memory["gpu_max_allocated"] > 0:
+                using.add(event.get("rank", 0) if isinstance(event.get("rank", 0), int) else 0)
+        return max(leased, len(using))
+
+    @property
     def ranks(self) -> list[int]:
         return sorted({e.get("rank", 0) for e in self.events if isinstance(e.get("rank", 0), int)})
 
