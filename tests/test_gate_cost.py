@@ -73,3 +73,9 @@ def test_a_gpu_gate_is_billed_in_device_seconds_of_the_gpus_each_attempt_held():
     line = cost_line("ref", per_job([{"scenario": "gpu", "job": "ref", "cost": record.cost}])["ref"])
     assert line.endswith("in the harness, 30 GPU-seconds"), line
     assert "GPU-seconds" not in cost_line("ref", per_job([_scenario("ref", 1, 24, 24)])["ref"])  # a CPU job's: none
+    from spotchaos.report.html import render_html
+    from spotchaos.report.markdown import render_markdown
+
+    document = {"summary": {"passed": 1, "scenarios": 1}, "scenarios": [], "cost": {"ref": {**record.cost}}}
+    assert "| 30 |" in render_markdown(document).split("| GPU-seconds |")[1]
+    assert '<td class="num">30</td></tr>' in render_html(document)

@@ -89,14 +89,16 @@ def render_markdown(document: dict[str, Any]) -> str:
         )
     costs = document.get("cost") or {}
     if costs:
-        lines += ["", "| job | gate cost | runs | starts | steps | credited | start-up | training | harness |"]
-        lines += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        head = "| job | gate cost | runs | starts | steps | credited | start-up | training | harness | GPU-seconds |"
+        lines += ["", head]
+        lines += ["| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for job, c in costs.items():
             worth = "unknown" if c.get("runs_worth") is None else f"{c['runs_worth']:g} runs' worth"
             lines.append(
                 f"| {_name(job)} | {worth} | {c.get('runs')} | {c.get('starts')} | {c.get('steps')} "
                 f"| {c.get('prefix_steps') or 0} | {c.get('startup_seconds', 0):.0f} s "
-                f"| {c.get('training_seconds', 0):.0f} s | {c.get('harness_seconds', 0):.0f} s |"
+                f"| {c.get('training_seconds', 0):.0f} s | {c.get('harness_seconds', 0):.0f} s "
+                f"| {c.get('gpu_seconds') or 0:.0f} |"
             )
     if document.get("interrupted"):
         lines += ["", f"**Interrupted by {_cell(document['interrupted'])}**: not every scenario ran."]
