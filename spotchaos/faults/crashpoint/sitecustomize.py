@@ -5,7 +5,8 @@ Crash points: SIGKILL at the Nth file-system event.
 The harness puts this directory first on the trainer's PYTHONPATH; Python imports
 ``sitecustomize`` at start-up, which installs an audit hook (PEP 578). The hook sees every
 ``open``, ``os.rename``, ``os.replace``, ``os.remove``, ``os.rmdir``, ``os.mkdir`` and
-``shutil.rmtree`` under the run's checkpoint directory *before* it happens, numbers them, logs
+``shutil.rmtree`` under the run's checkpoint directory (and each file ``torch.save`` opens in C++)
+*before* it happens, numbers them, logs
 them, and kills the whole process at the chosen one: the crash lands exactly between two steps
 of a checkpoint write, rotation or load. Standard library only, like the probe.
 
@@ -80,6 +81,8 @@ def _describe(event, args):
 
 def _hook(event, args):
     global _count
+    if not _torch_seen and "torch.serialization" in sys.modules:
+        _announce_torch_saves()
     if getattr(_local, "busy", False) or event not in _EVENTS or not args or not _under_root(args[0]):
         return
     _local.busy = True
@@ -98,6 +101,29 @@ def _hook(event, args):
                 _die()
     finally:
         _local.busy = False
+
+
+_torch_seen = False
+
+
+def _announce_torch_saves() -> None:
+    """``torch.save(obj, "path")`` opens its file in C++, where no audit event is raised: a
+    DeepSpeed rank's ZeRO files, a Trainer's optimizer.pt, a script's ``torch.save(state, tmp)``
+    would be no crash point. Once torch is imported (the hook runs on every audit event, so before
+    any save), its path writer announces each file it opens as an ``open`` for writing."""
+    global _torch_seen
+    writer = getattr(sys.modules["torch.serialization"], "_open_zipfile_writer_file", None)
+    if writer is None:  # torch.serialization is still being imported: at a later event
+        return
+    _torch_seen = True
+    opened = writer.__init__
+
+    def announced(self, name, *args, **kwargs):
+        if isinstance(name, str) and name.isascii():  # a non-ASCII name is opened by Python's open: seen
+            _hook("open", (name, "wb"))
+        opened(self, name, *args, **kwargs)
+
+    writer.__init__ = announced
 
 
 _RANK = os.environ.get("SPOTCHAOS_CRASH_RANK")
