@@ -34,7 +34,7 @@ from .training.determinism import HINT, Audit, Envelope
 from .training.determinism import audit as audit_runs
 from .training.engine.options import EngineOptions
 from .training.engine.run import run_job
-from .training.judgement import judge_run, state_difference, weights_distance
+from .training.judgement import compares_state, judge_run, state_difference, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
 from .training.reference.cache import Cached, ReferenceCache, reference_difference
 from .training.reference.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
@@ -283,7 +283,7 @@ class SessionCore:
                 # the reference starts cold, as a fresh process in production: its string hashes are its own
                 warm=None if learn else self.warm_starts,
                 # sharded (DCP) checkpoints are not compared key by key yet: see docs/distributed.md
-                keep_checkpoints=keep_checkpoints if job.state_diff and job.launcher == "python" else "",
+                keep_checkpoints=keep_checkpoints if compares_state(job) else "",
                 kept=self.kept,
                 snapshots=snapshots,
                 prefix=prefix,

@@ -4,7 +4,13 @@ from pathlib import Path
 
 import pytest
 
-from spotchaos.training.multirank.rank_verdict import restored_differences, sample_coverage, shared_rng
+from spotchaos.training.multirank.rank_verdict import (
+    add_rank_verdicts,
+    optimizer_untested,
+    restored_differences,
+    sample_coverage,
+    shared_rng,
+)
 from spotchaos.training.trajectory import Attempt, RunRecord
 
 pytestmark = pytest.mark.unit
@@ -111,3 +117,29 @@ def test_the_crash_points_of_a_save_include_its_temporary_folder_renamed_into_pl
     assert folders[0] == [root / "step_4", root / ".partial-4"]
     points = _save_points(log, folders, 0)
     assert [(p["index"], p["path"]) for p in points] == [(1, ".partial-4/model.safetensors"), (2, ".partial-4")]
+
+
+def test_a_resume_from_a_checkpoint_saved_before_any_optimizer_step_says_it_tests_no_optimizer_restore():
+    from spotchaos.training.verdict import judge
+
+    weights = {"model.w": "a1"}
+    early = {"event": "saved", "step": 0, "uri": "file:///c/step-000000", "digests": weights}
+    moments = {**weights, "optim.w.exp_avg": "b"}
+    later = {"event": "saved", "step": 3, "uri": "file:///c/step-000003", "digests": moments}
+    steps = [{"event": "step", "step": s, "loss": "0x1p+0"} for s in range(5)]
+    steps.append({"event": "final", "step": 4, "digests": weights})
+    reference = run([*steps[:1], early, *steps[1:4], later, *steps[4:]])
+    resumed = {"event": "resume", "from_step": 0, "uri": "file:///c/step-000000"}
+    chaos = run([*steps[:1], early], [resumed, *steps[1:4], later, *steps[4:]])
+    notes = optimizer_untested(reference, chaos)
+    assert notes == [
+        "attempt 1 resumed from step-000000, saved before any optimizer step (it holds no optimizer state): "
+        "this resume tests no optimizer restore"
+    ]
+    verdict = judge(reference, chaos, None)
+    add_rank_verdicts(verdict, reference, chaos, [])
+    assert verdict.passed and verdict.precision == f"bit-exact; {notes[0]}", verdict  # said, not failed
+    from_later = run([*steps[:4], later], [{**resumed, "from_step": 3, "uri": later["uri"]}, *steps[4:]])
+    assert optimizer_untested(reference, from_later) == []  # a checkpoint holding moments: tested
+    plain = {**later, "digests": weights}  # a job that reports no optimizer state at all: nothing to tell
+    assert optimizer_untested(run([*steps[:1], early, *steps[1:4], plain]), run([early], [resumed, plain])) == []

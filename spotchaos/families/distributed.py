@@ -8,6 +8,7 @@ rank of a torchrun job (:mod:`spotchaos.training.multirank.rank_verdict`). What 
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,9 @@ from ..training.trajectory import RunRecord
 from ..training.verdict import Verdict, find_divergence
 from .preemption import ChaosFailure, check
 
-SHARD_SUFFIX = ".distcp"  # torch.distributed.checkpoint's shard files
+# a rank's own part of a sharded checkpoint: torch.distributed.checkpoint's shard files, and DeepSpeed ZeRO's
+# per-rank files (its optimizer partition; with ZeRO-3, its parameters' too)
+SHARD_FILES = re.compile(r"(\.distcp|(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_(?:optim|model)_states\.pt)$")
 
 
 def _require_torchrun(job: JobSpec, what: str) -> None:
@@ -45,15 +48,16 @@ def shard_crash_point(core: SessionCore, job: JobSpec, rank: int) -> int:
     core.run_once(job, Plan(), "trace", read_log, trace_fs=True, trace_rank=rank)
     folders: list[str] = []
     for event in logs[0]:
-        if event["event"] == "open-write" and event["path"].endswith(SHARD_SUFFIX):
+        if event["event"] == "open-write" and SHARD_FILES.search(event["path"]):
             folder = str(Path(event["path"]).parent)
             if folder not in folders:
                 folders.append(folder)
             if len(folders) == 2:
                 return event["index"]
     raise SpotchaosError(
-        f"job {job.name!r}: rank {rank} wrote no {SHARD_SUFFIX} shard in two checkpoint saves of its uninterrupted "
-        "run: does it save with torch.distributed.checkpoint under SPOTCHAOS_CHECKPOINT_URI?"
+        f"job {job.name!r}: rank {rank} wrote no shard (a .distcp file, or a DeepSpeed zero_pp_rank_* file) in two "
+        "checkpoint saves of its uninterrupted run: does it save with torch.distributed.checkpoint or DeepSpeed "
+        "under SPOTCHAOS_CHECKPOINT_URI?"
     )
 
 

@@ -106,6 +106,13 @@ def weights_distance(job: JobSpec, reference: RunRecord, run: RunRecord) -> dict
     return tensor_distances(Path(a), Path(b), job.log.final_key if job.log is not None else None)
 
 
+def compares_state(job: JobSpec) -> bool:
+    """Whether the state diff compares ``job``'s checkpoints: as the job says, else for one
+    process only (a torchrun job's DCP ``.metadata`` holds each save's own id, bytes that always
+    differ; a rank job whose files hold only state, DeepSpeed's, turns it on with ``state_diff``)."""
+    return job.state_diff if job.state_diff is not None else job.launcher == "python"
+
+
 def state_difference(
     job: JobSpec,
     reference: RunRecord,
@@ -117,7 +124,7 @@ def state_difference(
 ) -> StateDifference | None:
     """The first checkpoint written after a resume whose state differs from the reference's;
     ``uninterrupted``: ``run`` is a second uninterrupted run, whose own checkpoints are compared."""
-    if not job.state_diff or job.launcher != "python" or (len(run.attempts) < 2 and not uninterrupted):
+    if not compares_state(job) or (len(run.attempts) < 2 and not uninterrupted):
         return None
     chosen = backend() or SubprocessBackend()
     confined = ConfinedLoader(

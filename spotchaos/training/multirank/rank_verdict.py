@@ -41,6 +41,8 @@ def add_rank_verdicts(verdict: Verdict, reference: RunRecord, chaos: RunRecord, 
     first = [*torn, *(f for f in failures if SHARED_RNG in f)]
     verdict.failures = [*first, *verdict.failures, *(f for f in failures if f not in first)]
     verdict.passed = verdict.passed and not failures
+    for note in optimizer_untested(reference, chaos):  # a pass that proves less than it seems: said
+        verdict.precision += f"; {note}"
     if len(ranks_of(chaos)) >= 3 and _only_last_bits(reference, chaos):
         verdict.failures = [
             f + BUCKET_ORDER_HINT if f.startswith("final weights differ") else f for f in verdict.failures
@@ -157,7 +159,8 @@ OPTIMIZER_ONLY = (
     "; only the optimizer's state: the weights were restored, its moments were not (the first step after "
     "the resume agrees, the next does not). With torch.distributed.checkpoint, a fresh optimizer's own "
     "state_dict() holds no state for dcp.load to fill: build the template with get_state_dict(model, optimizer) "
-    "and put it back with set_state_dict"
+    "and put it back with set_state_dict; with DeepSpeed, engine.load_checkpoint must load them "
+    "(load_optimizer_states=True, its default; not load_module_only=True)"
 )
 
 
@@ -191,6 +194,36 @@ def restored_differences(run: RunRecord) -> list[str]:
                         + (OPTIMIZER_ONLY if all(_of_optimizer(k) for k in differing) else "")
                     )
     return failures
+
+
+def optimizer_untested(reference: RunRecord, chaos: RunRecord) -> list[str]:
+    """The resumes that restored a checkpoint saved before any optimizer step: its ``saved``
+    digests hold no optimizer state where the job's later checkpoints do. Such a resume restores
+    no moment, so a job that never restores its optimizer passes it all the same: the plan tests
+    no optimizer restore, and the verdict says so (no failure: the job did nothing wrong)."""
+    saved: dict[str, dict] = {}
+    with_optimizer = False
+    for run in (reference, chaos):
+        for attempt in run.attempts:
+            for event in attempt.of_kind("saved"):
+                if isinstance(event.get("digests"), dict):
+                    saved.setdefault(str(event.get("uri")), event["digests"])
+                    with_optimizer = with_optimizer or any(_of_optimizer(k) for k in event["digests"])
+    if not with_optimizer:
+        return []  # the job reports no optimizer state at all: nothing to tell
+    notes = []
+    for attempt in chaos.attempts:
+        for event in attempt.of_kind("resume"):
+            digests = saved.get(str(event.get("uri")))
+            if digests is not None and not any(_of_optimizer(k) for k in digests):
+                name = Path(str(event.get("uri"))).name
+                note = (
+                    f"attempt {attempt.index} resumed from {name}, saved before any optimizer step (it holds no "
+                    "optimizer state): this resume tests no optimizer restore"
+                )
+                if note not in notes:
+                    notes.append(note)
+    return notes
 
 
 def sample_coverage(run: RunRecord) -> list[str]:
