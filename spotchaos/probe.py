@@ -384,6 +384,12 @@ class Probe:
         """A checkpoint newer than the one resumed from was skipped because it did not verify."""
         self.emit("rollback", skipped_uri=skipped_uri, reason=reason)
 
+    def removed(self, uri: str) -> None:
+        """The checkpoint at ``uri`` was deleted by the job (its rotation). Optional: it lets the
+        harness name a rotation that deleted the last complete checkpoint before a newer one was
+        durable (an asynchronous save deleting older checkpoints when the save is handed off)."""
+        self.emit("removed", uri=uri)
+
     def final(self, tensors: Mapping[str, Any], *, step: int) -> None:
         """Training finished after step ``step``; ``tensors`` are the weights (and any state) to compare."""
         self.emit("final", step=int(step), digests=tensor_digests(tensors), memory=memory_peaks())

@@ -86,6 +86,26 @@ def test_lightnings_checkpoint_saved_again_mid_accumulation_after_a_resume_is_na
     assert "cause: Lightning wrote this checkpoint in the middle of gradient accumulation, after 1 of the 2" in line
 
 
+def test_lightnings_async_checkpoint_io_deleting_the_last_complete_checkpoint_is_named(runner):
+    """Lightning 2.6.6's AsyncCheckpointIO writes in a thread and deletes at once: with save_top_k=1
+    the older checkpoint goes as the newer save is handed off, and a kill before the write ends
+    leaves none. The integration reports a checkpoint once its write is done and each deletion."""
+    broken = job("lightning-async", "--async-io", "plain")  # the later flag wins: Lightning's own IO
+    message = failure_of(runner, broken, "sigkill@13")
+    assert "the checkpoint after step 5 (epoch=0-step=6.ckpt) was durable, but the job deleted it" in message, message
+    assert "its rotation removed the last complete checkpoint" in message and "AsyncCheckpointIO" in message
+
+
+@pytest.mark.full  # CI: Lightning's own async IO named above; the main job searches this one's crash points
+def test_lightning_checkpoints_written_in_a_thread_with_ordered_deletions_resume_exact(runner):
+    """spotchaos's OrderedAsyncCheckpointIO: the same kill, and one inside the write itself."""
+    correct = job("lightning-async")
+    assert runner.check(correct, Plan.parse("sigkill@13")).passed
+    saves = runner.save_boundaries(correct)
+    write = next(b for b in saves if b["event"] == "open-write" and b["path"].endswith(".ckpt"))
+    assert runner.check(correct, Plan.parse(f"crash@{write['index'] + 1}")).passed  # inside the thread's write
+
+
 @pytest.mark.full  # CI names the defect above; the main job runs StepBoundaryCheckpoint on every built-in plan
 def test_lightning_checkpoints_at_step_boundaries_only_resume_exact_under_accumulation(runner):
     """The fix spotchaos ships for the defect above: checkpoints at step boundaries only

@@ -280,3 +280,23 @@ def test_a_data_caveat_is_the_cause_only_where_the_batch_differs():
     assert same_batch.field == "loss" and same_batch.caveats == ["no RNG state"]
     other_batch = judge(reference, resumed_with("b0")).first_divergence
     assert other_batch.caveats == ["no RNG state", "plain loader"]
+
+
+def test_a_rotation_that_deleted_the_last_complete_checkpoint_is_named_and_an_ordinary_one_is_not():
+    kill = FaultRecord("sigkill", 6, 6, 1.0, 1000.0)
+    removed = {"event": "removed", "uri": "file:///c2"}
+    # c2 durable, deleted when the save of c5 was handed off, killed before c5 was written
+    first = attempt(0, [*(step(i) for i in range(3)), ckpt(2), *(step(i) for i in range(3, 7)), removed], fault=kill)
+    again = attempt(1, [*(step(i) for i in range(10)), final()])
+    failures = judge(REFERENCE, record(first, again)).failures
+    assert failures == [
+        "attempt 1 resumed after step -1: the checkpoint after step 2 (c2) was durable, but the job deleted it in "
+        "attempt 0 before a newer checkpoint was: its rotation removed the last complete checkpoint (delete an "
+        "older checkpoint only once the newer one is written: with an asynchronous save, such as Lightning's "
+        "AsyncCheckpointIO, once its write has finished)"
+    ]
+    # the ordinary rotation: c2 deleted once c5 was durable, the restart resumes from c5
+    ordinary = attempt(0, [*(step(i) for i in range(6)), ckpt(2), ckpt(5), removed, step(6)], fault=kill)
+    resumed_c5 = {"event": "resume", "from_step": 5, "uri": "file:///c5"}
+    later = attempt(1, [resumed_c5, *(step(i) for i in range(6, 10)), final()])
+    assert judge(REFERENCE, record(ordinary, later)).passed

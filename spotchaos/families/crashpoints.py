@@ -65,17 +65,20 @@ def _reference_trace(core: SessionCore, job: JobSpec) -> tuple[RunRecord, list[l
 
 
 def _probe_save_windows(events: list[dict[str, Any]], log: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """A probe job stamps its events itself: a save runs from the step before its checkpoint
-    event to the step after it."""
+    """A probe job stamps its events itself: a save runs from the step before it began (its
+    checkpoint event's time less the seconds it says the save took: an asynchronous save reports
+    once its write is done, steps after it began) to the step after its checkpoint event."""
     windows = []
-    last_step_t = None
+    step_times: list[float] = []
     for index, event in enumerate(events):
         if event["event"] == "step":
-            last_step_t = event["t"]
-        elif event["event"] == "checkpoint" and last_step_t is not None:
+            step_times.append(event["t"])
+        elif event["event"] == "checkpoint" and step_times:
+            began = event["t"] - max(0.0, float(event.get("seconds") or 0.0))
+            before = [t for t in step_times if t <= began] or step_times[-1:]
             after = (e["t"] for e in events[index + 1 :] if e["event"] == "step")
             next_step_t = next(after, float("inf"))
-            windows.append([e for e in log if last_step_t < e["t"] < next_step_t])
+            windows.append([e for e in log if before[-1] < e["t"] < next_step_t])
     return windows
 
 

@@ -162,6 +162,11 @@ class Report:
         self.reported.add(f"{path}@{step}")  # a name saved again (Lightning's last.ckpt) is a new checkpoint
         self.probe.checkpoint(step, seconds=seconds, nbytes=folder_bytes(path), uri=path, reason=reason, caveat=caveat)
 
+    def removed(self, path: str) -> None:
+        """The framework deleted the checkpoint at ``path`` (its rotation)."""
+        if self.enabled:
+            self.probe.removed(os.path.abspath(path))
+
     def resume(self, from_step: int, path: str, *, caveat: str | None = None, data_caveat: str | None = None) -> None:
         """Training goes on after ``from_step``, restored from ``path`` (caveats: see Probe.resume)."""
         self.reported.add(f"{os.path.abspath(path)}@{from_step}")

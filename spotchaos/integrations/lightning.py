@@ -21,7 +21,9 @@ What the callback reports, and why it looks where it looks:
 
 from __future__ import annotations
 
+import importlib
 import time
+from collections import deque
 from typing import Any
 
 try:
@@ -145,6 +147,30 @@ def has_rng_state(checkpoint: Any, depth: int = 0) -> bool:
     return False
 
 
+def _when_written(checkpoint_io: Any) -> deque | None:
+    """Where a save to Lightning's ``AsyncCheckpointIO`` leaves its report until the write is done,
+    or None for a synchronous one.
+
+    ``AsyncCheckpointIO.save_checkpoint`` returns once it has handed the write to its thread: a
+    checkpoint reported then is reported durable before a byte of it is written, and a kill in
+    between leaves a checkpoint the harness believes in and the restart cannot load. So the report
+    waits: the IO it wraps is wrapped in turn, and its thread reports each checkpoint (in the order
+    saved: one writer) once the file is whole."""
+    asynchronous = getattr(importlib.import_module(f"{pl.__name__}.plugins.io"), "AsyncCheckpointIO", None)
+    if asynchronous is None or not isinstance(checkpoint_io, asynchronous) or checkpoint_io.checkpoint_io is None:
+        return None
+    pending: deque = deque()
+    inner = checkpoint_io.checkpoint_io
+    write = inner.save_checkpoint
+
+    def save_then_report(*args: Any, **kwargs: Any) -> None:
+        write(*args, **kwargs)  # raises on a failed write: nothing reported, Lightning raises it later
+        pending.popleft()()
+
+    inner.save_checkpoint = save_then_report
+    return pending
+
+
 class SpotchaosCallback(pl.Callback):
     """Reports a Lightning fit's steps, checkpoints, resume and final weights to spotchaos."""
 
@@ -157,23 +183,44 @@ class SpotchaosCallback(pl.Callback):
         strategy = trainer.strategy
         original = strategy.save_checkpoint
         report = self.report
+        written = _when_written(strategy.checkpoint_io)  # AsyncCheckpointIO: the file is written later
 
         def save_checkpoint(checkpoint: dict, filepath: Any, storage_options: Any = None) -> None:
             started = time.perf_counter()
-            original(checkpoint, filepath, storage_options=storage_options)
-            if trainer.is_global_zero:
+            said = None
+            if trainer.is_global_zero:  # what the checkpoint is, read now: the trainer moves on
                 step = int(checkpoint.get("global_step", trainer.global_step)) - 1
                 reason = "preemption" if trainer.received_sigterm else "periodic"
                 midway = mid_accumulation(trainer)
-                said = [midway, between_epochs(checkpoint), None if has_rng_state(checkpoint) else NO_RNG]
-                caveat = " ".join(c for c in said if c) or None
-                seconds = time.perf_counter() - started
+                caveats = [midway, between_epochs(checkpoint), None if has_rng_state(checkpoint) else NO_RNG]
+                caveat = " ".join(c for c in caveats if c) or None
                 # saved again over the checkpoint of its step (after a resume): a new state, reported
-                report.checkpoint(
-                    step, str(filepath), seconds=seconds, reason=reason, caveat=caveat, rewritten=bool(midway)
-                )
+                said = {"step": step, "reason": reason, "caveat": caveat, "rewritten": bool(midway)}
+
+            def durable() -> None:
+                if said is not None:
+                    report.checkpoint(**said, path=str(filepath), seconds=time.perf_counter() - started)
+
+            if written is None:
+                original(checkpoint, filepath, storage_options=storage_options)
+                durable()
+            else:
+                written.append(durable)  # reported by the writer thread once the file is whole
+                original(checkpoint, filepath, storage_options=storage_options)
 
         strategy.save_checkpoint = save_checkpoint  # the instance's: every save of this fit ends here
+        # a rotation's deletions, reported as they happen (by the IO that deletes: an asynchronous
+        # one's may queue them behind its writes): the harness names one that deleted the last complete
+        io = strategy.checkpoint_io
+        deleting = io.checkpoint_io if written is not None else io
+        remove = deleting.remove_checkpoint
+
+        def remove_checkpoint(path: Any) -> None:
+            remove(path)
+            if trainer.is_global_zero:
+                report.removed(str(path))
+
+        deleting.remove_checkpoint = remove_checkpoint
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.world_size > 1 and not any(getattr(c, "agrees_on_sigterm", False) for c in trainer.callbacks):

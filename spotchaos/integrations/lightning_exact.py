@@ -18,6 +18,9 @@ resume, and nothing it loads is verified). The fixes were ~37 lines of a job of 
     )
     trainer.fit(model, loader, ckpt_path=newest_verified_checkpoint(out))
 
+Checkpoints written in a thread (Lightning's ``AsyncCheckpointIO``): ``plugins=[OrderedAsyncCheckpointIO(
+VerifiedIO())]``, whose deletions wait for the writes before them.
+
 Each part stands alone and is independent of spotchaos being on: outside a gate they change
 nothing but what they fix. On several ranks (``strategy="ddp"`` under torchrun) the same lines
 hold: every rank's RNG is kept, each rank's sampler skips its own share, and the notice is agreed
@@ -42,12 +45,12 @@ from .verified import newest_verified, write_checksums
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.plugins.io import TorchCheckpointIO
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 except ImportError:  # the older package name
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
-    from pytorch_lightning.plugins.io import TorchCheckpointIO
+    from pytorch_lightning.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 __all__ = [
@@ -222,6 +225,24 @@ class VerifiedIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict, path: Any, storage_options: Any = None) -> None:
         super().save_checkpoint(checkpoint, path, storage_options=storage_options)
         write_checksums(str(path))
+
+
+class OrderedAsyncCheckpointIO(AsyncCheckpointIO):
+    """Lightning's ``AsyncCheckpointIO`` with its deletions queued behind its writes.
+
+    ``AsyncCheckpointIO`` (Lightning 2.6.6) writes in a thread but deletes at once: a
+    ``ModelCheckpoint`` with ``save_top_k`` removes the older checkpoint as soon as the new save is
+    handed off, and a kill before the write ends leaves no complete checkpoint at all (the gate
+    names it: *its rotation removed the last complete checkpoint*). Here a deletion waits its turn
+    on the same one-thread queue, so it happens only once every write handed off before it is done.
+    Wrap the IO that writes: ``OrderedAsyncCheckpointIO(VerifiedIO())``."""
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self._ensure_setup()
+        assert self._executor is not None and self.checkpoint_io is not None
+        self._executor.submit(self.checkpoint_io.remove_checkpoint, path)
+        if self._error:  # a write that failed since the last call, raised as AsyncCheckpointIO does
+            raise self._error
 
 
 def newest_verified_checkpoint(dirpath: str) -> str | None:

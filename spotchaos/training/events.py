@@ -24,6 +24,7 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "checkpoint": {"step": int, "seconds": (int, float), "bytes": int, "uri": str},
     "resume": {"from_step": int, "uri": str},
     "rollback": {"skipped_uri": str, "reason": str},
+    "removed": {"uri": str},
     "checkpoint_failed": {"step": int, "seconds": (int, float), "reason": str},
     "final": {"step": int, "digests": dict},
 }

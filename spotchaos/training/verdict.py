@@ -407,6 +407,25 @@ def _resumed_another_copy(attempt: Attempt, damage: Damage) -> bool:
     return path.is_absolute() and path.parent == damaged.parent and path != damaged
 
 
+def _rotated_away(attempt: Attempt, start: int, durable_uris: dict[str, int], removed: dict[str, int]) -> str | None:
+    """A restart that resumed before a durable checkpoint the job itself had deleted, while nothing
+    durable was left newer than where it resumed: its rotation removed the last complete checkpoint
+    before the newer one was (an asynchronous save that deletes older checkpoints when the save is
+    handed off, not when it is written)."""
+    gone = {uri: step for uri, step in durable_uris.items() if uri in removed and step > start}
+    left = [step for uri, step in durable_uris.items() if uri not in removed and step > start]
+    if not gone or left:
+        return None
+    uri, step = max(gone.items(), key=lambda item: item[1])
+    name = PurePosixPath(unquote(urlparse(uri).path) if uri.startswith("file:") else uri).name
+    return (
+        f"attempt {attempt.index} resumed after step {start}: the checkpoint after step {step} ({name}) was durable, "
+        f"but the job deleted it in attempt {removed[uri]} before a newer checkpoint was: its rotation removed the "
+        "last complete checkpoint (delete an older checkpoint only once the newer one is written: with an "
+        "asynchronous save, such as Lightning's AsyncCheckpointIO, once its write has finished)"
+    )
+
+
 def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[list[str], list[DamageOutcome]]:
     """Each restart must resume from the newest checkpoint that is durable and intact: the newest
     reported durable, or, after a checkpoint fault, the newest one the fault left intact."""
@@ -416,6 +435,7 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
     previous: Attempt | None = None
     damage: Damage | None = None  # applied before a restart, judged at the first restart that resumes
     durable_uris: dict[str, int] = {}  # every checkpoint reported durable so far -> its step
+    removed: dict[str, int] = {}  # durable checkpoints the job reported deleting -> the attempt that did
     for attempt in chaos.attempts:
         if attempt.failed_restart:
             continue  # it never resumed: the failure says why
@@ -429,6 +449,8 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
                 if outcome.problem:
                     failures.append(outcome.problem)
                 damage = None
+            elif (rotated := _rotated_away(attempt, start, durable_uris, removed)) is not None:
+                failures.append(rotated)
             elif previous.fault is not None and previous.fault.fault == "crash":
                 if durable is not None and start < durable:
                     failures.append(
@@ -454,6 +476,10 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
                     )
         for event in attempt.of_kind("checkpoint"):
             durable_uris[event["uri"]] = event["step"]
+            removed.pop(event["uri"], None)  # written again under the same name: there again
+        for event in attempt.of_kind("removed"):
+            if event["uri"] in durable_uris:
+                removed[event["uri"]] = attempt.index
         steps = [e["step"] for e in attempt.of_kind("checkpoint")]
         if steps:
             durable = max(steps) if durable is None else max(durable, *steps)
