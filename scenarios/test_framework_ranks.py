@@ -1,7 +1,9 @@
-"""The built-in multi-rank scenarios on the framework jobs ``accelerate-ddp`` and ``lightning-ddp``
-(pyproject.toml), the accelerate and Lightning jobs data-parallel on 2 ranks under torchrun:
+"""The built-in multi-rank scenarios on the framework jobs ``accelerate-ddp``, ``lightning-ddp`` and
+``hf-trainer-ddp`` (pyproject.toml), the accelerate, Lightning and Trainer jobs data-parallel on 2
+ranks under torchrun:
 whole-job preemptions, a killed and a hung rank, a rank killed anywhere in its save (accelerate's
-written to a temporary folder and renamed into place; Lightning's one file written by rank 0).
+written to a temporary folder and renamed into place; Lightning's one file written by rank 0; the
+Trainer's checkpoint-N with each rank's RNG file).
 Damaged checkpoints and the determinism baseline passed on accelerate-ddp too (56 s, 50 s here); the
 main job leaves them to the one-process jobs and to ``ddp``. CI leaves this file out:
 tests/test_framework_ranks.py drives their notices, a killed rank and the broken jobs.
@@ -17,4 +19,4 @@ from spotchaos.scenarios.test_distributed import (  # noqa: F401
     test_ranks_resume_bit_exact_after_preemptions,
 )
 
-pytestmark = [pytest.mark.spotchaos(jobs=["accelerate-ddp", "lightning-ddp"]), pytest.mark.full]
+pytestmark = [pytest.mark.spotchaos(jobs=["accelerate-ddp", "lightning-ddp", "hf-trainer-ddp"]), pytest.mark.full]

@@ -67,8 +67,9 @@ def _missing_rng(folder: str, process_index: int) -> str | None:
     names = ("rng_state.pth", f"rng_state_{process_index}.pth")
     if any(os.path.exists(os.path.join(folder, name)) for name in names):
         return None
+    held = "rng_state.pth" if process_index == 0 else f"rng_state_{process_index}.pth for rank {process_index}"
     return (
-        f"{os.path.basename(folder)} holds no rng_state.pth: transformers resumed without restoring the RNG "
+        f"{os.path.basename(folder)} holds no {held}: transformers resumed without restoring the RNG "
         "(an INFO log only), so the resumed steps draw other dropout masks and samples"
     )
 
@@ -132,8 +133,8 @@ class SpotchaosCallback(TrainerCallback):
         """Report each whole checkpoint not reported yet: those ``on_save`` announced, and those it
         never does (the JIT checkpoint's). Looks only when there can be one: a save announced, or
         the JIT checkpoint on."""
-        if not self.report.enabled or not (self.saved or args.enable_jit_checkpoint):
-            return
+        if not self.report.enabled or not (self.saved or args.enable_jit_checkpoint) or not state.is_world_process_zero:
+            return  # on several ranks rank 0 reports the checkpoints (every rank its own steps)
         for folder, step in self._checkpoints(args):
             if f"{os.path.abspath(folder)}@{step - 1}" in self.report.reported:
                 continue
@@ -171,10 +172,27 @@ class SaveOnSigterm(TrainerCallback):
         self.requested = True
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.requested:
+        if _any_rank(self.requested):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+def _any_rank(flag: bool) -> bool:
+    """``flag`` on any rank, agreed by every rank (one all-reduce a step on several ranks).
+
+    torchrun forwards the notice to every worker, and each gets it at its own point of its step: a
+    rank that stopped to save alone would leave the others blocked in the next step's collectives
+    (and the save's own barriers) until the grace window's SIGKILL. Agreed at the step's end, every
+    rank saves after the same step and stops."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return flag
+    agreed = torch.tensor([1 if flag else 0])
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return bool(agreed.item())
 
 
 class VerifiedCheckpoints(TrainerCallback):
@@ -185,8 +203,17 @@ class VerifiedCheckpoints(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         folder = os.path.join(args.output_dir, f"{PREFIX}{state.global_step}")
-        if os.path.isdir(folder):
+        _every_rank_done()  # each rank's own files (rng_state_<r>.pth) are written before they are summed
+        if state.is_world_process_zero and os.path.isdir(folder):
             write_checksums(folder)
+
+
+def _every_rank_done() -> None:
+    """A barrier on several ranks: every rank has finished its part of the save."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def last_verified_checkpoint(output_dir: str) -> str | None:
