@@ -28,6 +28,18 @@ def ranks_job(*args: str, name: str = "accelerate-ddp"):
     return replace(declared, name=label, command=declared.command + args)
 
 
+def notice_then_kill(runner, name: str, *, notice: int, kill: int):
+    """``sigterm@notice,sigkill@kill`` on a 2-rank job: bit-exact, every rank reporting its steps, and
+    the restart resumed from the notice's own checkpoint (after the step the notice landed on)."""
+    run, verdict = runner.run(ranks_job(name=name), Plan.parse(f"sigterm@{notice},sigkill@{kill}"))
+    assert verdict.passed, verdict.message()
+    assert len(run.attempts) == 3
+    assert {e.get("rank", 0) for a in run.attempts for e in a.of_kind("step")} == {0, 1}
+    resumed = [e["from_step"] for a in run.attempts[1:] for e in a.of_kind("resume")]
+    assert notice in resumed, resumed
+    return run
+
+
 @pytest.mark.full
 def test_accelerate_on_two_ranks_resumes_bit_exact_after_a_notice_and_a_killed_rank(runner):
     run, verdict = runner.run(ranks_job(), Plan.parse("sigterm@5,kill-rank1@14"))
@@ -50,12 +62,7 @@ def test_lightning_on_two_ranks_resumes_bit_exact_after_notices_agreed_and_a_kil
     """Each notice lands on both ranks (torchrun forwards it), each at its own moment: the ranks agree at
     the step's end and checkpoint after the same step; every rank's RNG comes back, and each rank's
     sampler skips its own share of the epoch (a resume inside epoch 1 of 4-step epochs)."""
-    run, verdict = runner.run(ranks_job(name="lightning-ddp"), Plan.parse("sigterm@6,sigkill@13"))
-    assert verdict.passed, verdict.message()
-    assert len(run.attempts) == 3
-    assert {e.get("rank", 0) for a in run.attempts for e in a.of_kind("step")} == {0, 1}
-    resumed = [e["from_step"] for a in run.attempts[1:] for e in a.of_kind("resume")]
-    assert 6 in resumed, resumed  # the notice's own checkpoint, after the step it landed on
+    notice_then_kill(runner, "lightning-ddp", notice=6, kill=13)
 
 
 @pytest.mark.full
@@ -79,13 +86,8 @@ def test_the_trainer_on_two_ranks_resumes_bit_exact_after_an_agreed_notice_and_a
     """The Trainer recognises torchrun (DDP over gloo on CPU), saves each rank's RNG file
     (rng_state_<r>.pth) and skips the trained batches of each rank's shard on a resume; the notice
     is agreed at a step's end (SaveOnSigterm's all-reduce), so every rank saves after the same step."""
-    run, verdict = runner.run(ranks_job(name="hf-trainer-ddp"), Plan.parse("sigterm@5,sigkill@10"))
-    assert verdict.passed, verdict.message()
-    assert len(run.attempts) == 3
-    assert {e.get("rank", 0) for a in run.attempts for e in a.of_kind("step")} == {0, 1}
+    run = notice_then_kill(runner, "hf-trainer-ddp", notice=5, kill=10)
     assert {e.get("rank", 0) for a in run.attempts for e in a.of_kind("checkpoint")} == {0}  # rank 0 reports them
-    resumed = [e["from_step"] for a in run.attempts[1:] for e in a.of_kind("resume")]
-    assert 5 in resumed, resumed  # the notice's own checkpoint, after the step it landed on
 
 
 @pytest.mark.full
