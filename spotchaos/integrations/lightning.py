@@ -164,8 +164,9 @@ def _when_written(checkpoint_io: Any) -> deque | None:
     write = inner.save_checkpoint
 
     def save_then_report(*args: Any, **kwargs: Any) -> None:
+        durable = pending.popleft()  # this save's own report, whatever becomes of the write
         write(*args, **kwargs)  # raises on a failed write: nothing reported, Lightning raises it later
-        pending.popleft()()
+        durable()
 
     inner.save_checkpoint = save_then_report
     return pending
