@@ -282,7 +282,7 @@ class SessionCore:
                 resume_nproc=resume_nproc,
                 # the reference starts cold, as a fresh process in production: its string hashes are its own
                 warm=None if learn else self.warm_starts,
-                # sharded (DCP) checkpoints are not compared key by key yet: see docs/distributed.md
+                # kept only where the state diff compares them (compares_state: not DCP shards)
                 keep_checkpoints=keep_checkpoints if compares_state(job) else "",
                 kept=self.kept,
                 snapshots=snapshots,

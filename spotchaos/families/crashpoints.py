@@ -9,6 +9,7 @@ events, not training steps.
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +76,11 @@ def _probe_save_windows(events: list[dict[str, Any]], log: list[dict[str, Any]])
             step_times.append(event["t"])
         elif event["event"] == "checkpoint" and step_times:
             began = event["t"] - max(0.0, float(event.get("seconds") or 0.0))
-            before = [t for t in step_times if t <= began] or step_times[-1:]
+            earlier = bisect_right(step_times, began)
+            before = step_times[earlier - 1] if earlier else step_times[-1]  # none before it began: the last step
             after = (e["t"] for e in events[index + 1 :] if e["event"] == "step")
             next_step_t = next(after, float("inf"))
-            windows.append([e for e in log if before[-1] < e["t"] < next_step_t])
+            windows.append([e for e in log if before < e["t"] < next_step_t])
     return windows
 
 

@@ -147,29 +147,47 @@ def has_rng_state(checkpoint: Any, depth: int = 0) -> bool:
     return False
 
 
-def _when_written(checkpoint_io: Any) -> deque | None:
-    """Where a save to Lightning's ``AsyncCheckpointIO`` leaves its report until the write is done,
-    or None for a synchronous one.
+def _threaded(checkpoint_io: Any) -> Any:
+    """The IO that Lightning's ``AsyncCheckpointIO`` runs in its writer thread, or None when the
+    saves are synchronous."""
+    asynchronous = getattr(importlib.import_module(f"{pl.__name__}.plugins.io"), "AsyncCheckpointIO", None)
+    if asynchronous is None or not isinstance(checkpoint_io, asynchronous):
+        return None
+    return checkpoint_io.checkpoint_io
+
+
+def _report_when_written(threaded: Any) -> deque:
+    """Where a save to ``AsyncCheckpointIO`` leaves its report until the write is done.
 
     ``AsyncCheckpointIO.save_checkpoint`` returns once it has handed the write to its thread: a
     checkpoint reported then is reported durable before a byte of it is written, and a kill in
     between leaves a checkpoint the harness believes in and the restart cannot load. So the report
-    waits: the IO it wraps is wrapped in turn, and its thread reports each checkpoint (in the order
+    waits: the IO the thread runs is wrapped, and the thread reports each checkpoint (in the order
     saved: one writer) once the file is whole."""
-    asynchronous = getattr(importlib.import_module(f"{pl.__name__}.plugins.io"), "AsyncCheckpointIO", None)
-    if asynchronous is None or not isinstance(checkpoint_io, asynchronous) or checkpoint_io.checkpoint_io is None:
-        return None
     pending: deque = deque()
-    inner = checkpoint_io.checkpoint_io
-    write = inner.save_checkpoint
+    write = threaded.save_checkpoint
 
     def save_then_report(*args: Any, **kwargs: Any) -> None:
         durable = pending.popleft()  # this save's own report, whatever becomes of the write
         write(*args, **kwargs)  # raises on a failed write: nothing reported, Lightning raises it later
         durable()
 
-    inner.save_checkpoint = save_then_report
+    threaded.save_checkpoint = save_then_report
     return pending
+
+
+def _report_removals(deleting: Any, trainer: Any, report: Report) -> None:
+    """A rotation's deletions, reported as they happen, by the IO that deletes (an asynchronous
+    one's may queue them behind its writes): the harness names one that deleted the last complete
+    checkpoint before a newer one was written."""
+    remove = deleting.remove_checkpoint
+
+    def remove_checkpoint(path: Any) -> None:
+        remove(path)
+        if trainer.is_global_zero:
+            report.removed(str(path))
+
+    deleting.remove_checkpoint = remove_checkpoint
 
 
 class SpotchaosCallback(pl.Callback):
@@ -184,7 +202,8 @@ class SpotchaosCallback(pl.Callback):
         strategy = trainer.strategy
         original = strategy.save_checkpoint
         report = self.report
-        written = _when_written(strategy.checkpoint_io)  # AsyncCheckpointIO: the file is written later
+        threaded = _threaded(strategy.checkpoint_io)  # AsyncCheckpointIO's: the file is written later
+        written = _report_when_written(threaded) if threaded is not None else None
 
         def save_checkpoint(checkpoint: dict, filepath: Any, storage_options: Any = None) -> None:
             started = time.perf_counter()
@@ -210,18 +229,7 @@ class SpotchaosCallback(pl.Callback):
                 original(checkpoint, filepath, storage_options=storage_options)
 
         strategy.save_checkpoint = save_checkpoint  # the instance's: every save of this fit ends here
-        # a rotation's deletions, reported as they happen (by the IO that deletes: an asynchronous
-        # one's may queue them behind its writes): the harness names one that deleted the last complete
-        io = strategy.checkpoint_io
-        deleting = io.checkpoint_io if written is not None else io
-        remove = deleting.remove_checkpoint
-
-        def remove_checkpoint(path: Any) -> None:
-            remove(path)
-            if trainer.is_global_zero:
-                report.removed(str(path))
-
-        deleting.remove_checkpoint = remove_checkpoint
+        _report_removals(threaded if threaded is not None else strategy.checkpoint_io, trainer, report)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.world_size > 1 and not any(getattr(c, "agrees_on_sigterm", False) for c in trainer.callbacks):

@@ -188,7 +188,7 @@ def _any_rank(flag: bool) -> bool:
     import torch
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    if not _several_ranks():
         return flag
     agreed = torch.tensor([1 if flag else 0])
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
@@ -210,10 +210,17 @@ class VerifiedCheckpoints(TrainerCallback):
 
 def _every_rank_done() -> None:
     """A barrier on several ranks: every rank has finished its part of the save."""
+    if _several_ranks():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def _several_ranks() -> bool:
+    """The Trainer runs in a process group of 2 or more ranks (torchrun): a collective is needed."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def last_verified_checkpoint(output_dir: str) -> str | None:

@@ -393,6 +393,12 @@ def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome
     )
 
 
+def _reported_path(uri: str) -> PurePosixPath:
+    """The path of a checkpoint as the job reported it: a ``file:`` URI decoded ("+" is "%2B" in a
+    URI), a plain path as it is."""
+    return PurePosixPath(unquote(urlparse(uri).path) if uri.startswith("file:") else uri)
+
+
 def _resumed_another_copy(attempt: Attempt, damage: Damage) -> bool:
     """Whether the attempt says it resumed from another checkpoint beside the damaged one, of the same
     step: a job that saves each step twice (a named checkpoint and a ``last`` copy) loses nothing
@@ -402,7 +408,7 @@ def _resumed_another_copy(attempt: Attempt, damage: Damage) -> bool:
     uri = resumes[0].get("uri") if resumes else None
     if not isinstance(uri, str) or not uri:
         return False
-    path = PurePosixPath(unquote(urlparse(uri).path) if uri.startswith("file:") else uri)  # "+" is "%2B" in a URI
+    path = _reported_path(uri)
     damaged = PurePosixPath(damage.checkpoint)
     return path.is_absolute() and path.parent == damaged.parent and path != damaged
 
@@ -417,7 +423,7 @@ def _rotated_away(attempt: Attempt, start: int, durable_uris: dict[str, int], re
     if not gone or left:
         return None
     uri, step = max(gone.items(), key=lambda item: item[1])
-    name = PurePosixPath(unquote(urlparse(uri).path) if uri.startswith("file:") else uri).name
+    name = _reported_path(uri).name
     return (
         f"attempt {attempt.index} resumed after step {start}: the checkpoint after step {step} ({name}) was durable, "
         f"but the job deleted it in attempt {removed[uri]} before a newer checkpoint was: its rotation removed the "
