@@ -66,6 +66,8 @@ def measure(
         report = Path(out) / "report.json"
         if not report.exists():
             sys.exit(f"no report: pytest exited {done.returncode}\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+        if done.returncode:  # the figures of a failing gate are still figures; say what failed
+            print(*(line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), sep="\n")
         return json.loads(report.read_text()), wall, done.returncode
 
 

@@ -78,6 +78,7 @@ def test_job_key_changes_with_what_shapes_the_trajectory():
     assert a.key() == JobSpec(name="b", command=("python", "t.py"), grace_seconds=3).key()
     assert a.key() != JobSpec(name="a", command=("python", "t.py", "--seed", "2")).key()
     assert a.key() != JobSpec(name="a", command=("python", "t.py"), env=(("X", "1"),)).key()
+    assert a.key() != JobSpec(name="a", command=("python", "t.py"), gpus=1).key()  # handed a device: its own
 
 
 def test_python_declared_job_errors_name_the_job():

@@ -162,7 +162,10 @@ def test_with_two_declared_gpus_and_two_workers_no_two_running_attempts_share_a_
     witness.mkdir()
     project = tmp_path / "project"
     project.mkdir()
+    # on the CPU: the declared devices need not exist (a one-GPU machine has no "1": an attempt handed it
+    # would train on the CPU beside a reference trained on the GPU, and differ); the leases are the point
     command = ["python", str(FIXTURES / "gpu_witness_trainer.py"), "--steps", "12", "--checkpoint-every", "3"]
+    command += ["--device", "cpu"]
     (project / "pyproject.toml").write_text(
         f"""
 [tool.spotchaos]

@@ -133,6 +133,9 @@ def test_a_changed_script_or_environment_is_another_entry(tmp_path):
     beside = fingerprint(job, ROOT)
     (tmp_path / "job" / "rate.txt").write_text("0.5")  # invisible: what the runs are there for
     assert fingerprint(job, ROOT) == beside
+    folder = tmp_path / "job" / "out"  # a folder a command line names (an output folder): no file, no error
+    folder.mkdir()
+    assert fingerprint(replace(job, env=(("OUT_DIR", str(folder)),)), ROOT) != beside
 
 
 @pytest.mark.parametrize("spoil", ["a link", "garbage", "another format"])

@@ -156,8 +156,9 @@ def test_values_named_like_times_hosts_and_pids_are_compared_and_their_ignore_li
 
 
 @pytest.mark.unit
-def test_the_diff_skips_only_checksums_and_the_runs_own_folder():
-    """A hex-looking value that is no checksum (a sample cursor, a seed), a key that is just
+def test_the_diff_skips_only_checksums_sizes_of_files_and_the_runs_own_folder():
+    """A manifest's checksum or byte count of a file is derived (the file is compared itself).
+    A hex-looking value that is no checksum (a sample cursor, a seed), a key that is just
     ``node``, ``at`` or ``wall``, a job's literal ``{run}`` text and a value named like a time are
     state, and compared."""
     run_a, run_b = "/runs/a", "/runs/b"
@@ -166,7 +167,11 @@ def test_the_diff_skips_only_checksums_and_the_runs_own_folder():
         "node": (3, 4),
         "at": (7, 8),
         "wall": (1, 2),
-        "files": ({"model.pt": {"crc32c": "0123abcd"}}, {"model.pt": {"crc32c": "89abcdef"}}),
+        "files": (
+            {"model.pt": {"crc32c": "0123abcd", "bytes": 48301}},
+            {"model.pt": {"crc32c": "89abcdef", "bytes": 48365}},
+        ),
+        "shards": ({"size": 4}, {"size": 5}),  # a size of no file: state
         "digests": ({"0.weight": "ab" * 32}, {"0.weight": "cd" * 32}),
         "template": ("{run}/out", f"{run_b}/out"),
         "saved_at": (1.5, 2.5),
@@ -176,7 +181,7 @@ def test_the_diff_skips_only_checksums_and_the_runs_own_folder():
     reference = {key: values[0] for key, values in pairs.items()}
     chaos = {key: values[1] for key, values in pairs.items()}
     found = {d["entry"] for d in diff(reference, chaos, 20, runs=(run_a, run_b))["differences"]}
-    assert found == {"sampler.cursor", "node", "at", "wall", "template", "saved_at", "node_name"}
+    assert found == {"sampler.cursor", "node", "at", "wall", "template", "saved_at", "node_name", "shards.size"}
     manifest = diff({"model.pt": "0123abcd"}, {"model.pt": "89abcdef"}, 5, within="checksums.json")
     assert manifest["differences"] == []  # the file's name says what its values are
 

@@ -316,6 +316,8 @@ class JobSpec:
             shaping["launcher"] = [self.launcher, self.nproc_per_node, self.nnodes]
         if self.container is not None:  # another image may hold another torch: its own reference
             shaping["container"] = self.container.describe()
+        if self.gpu_request is not None:  # the devices it is handed (how many, which kind): its own reference
+            shaping["gpus"] = self.gpu_request
         return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:

@@ -97,9 +97,10 @@ class RngState(pl.Callback):
         ranks = state.get("ranks")
         if ranks is not None and rank < len(ranks):
             state = ranks[rank]
-        torch.set_rng_state(state["torch"])
+        # .cpu(): a checkpoint loaded with map_location="cuda" brings the CPU generator's state along
+        torch.set_rng_state(state["torch"].cpu())
         kind, words, pos, has_gauss, gauss = state["numpy"]
-        np.random.set_state((kind, words.numpy().astype(np.uint32), pos, has_gauss, gauss))
+        np.random.set_state((kind, words.cpu().numpy().astype(np.uint32), pos, has_gauss, gauss))
         random.setstate(state["python"])
 
 

@@ -90,10 +90,11 @@ def _file_digest(path: Path) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a folder opens read-only too; only a file object refuses it
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as file:
-        info = os.fstat(file.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            return None
         if info.st_size > HASH_WHOLE_BYTES:
             return f"size {info.st_size} mtime {info.st_mtime_ns}"
         return hashlib.file_digest(file, "sha256").hexdigest()

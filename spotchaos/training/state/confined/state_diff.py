@@ -54,6 +54,12 @@ CHECKSUM_WORDS = {
     "checksum",
     "etag",
 }
+# A manifest's size of one of the checkpoint's files (``files.optimizer.pt.bytes``): derived like its
+# checksum, since equal state need not serialise to equal bytes (a step counter resumed onto CUDA
+# pickles its device's name); the file itself is compared. A size under any other key is state.
+FILE_SIZE = re.compile(
+    r"\.(?:pt|pth|bin|safetensors|ckpt|npy|npz|json|pkl|pickle|distcp|msgpack|h5|tar)\.(?:bytes|size|nbytes|size_bytes)$"
+)
 
 
 def _digest():
@@ -198,6 +204,8 @@ def diff(
         if _names_checksum(f"{within}:{entry}") and _hex_digest(x) and _hex_digest(y):
             continue  # a checksum of a file (a manifest's): the file itself is compared, and equal
             # state need not serialise to equal bytes
+        if FILE_SIZE.search(entry) and _count(x) and _count(y):
+            continue  # a file's size: the file is compared itself
         if not exact_floats and isinstance(x, float) and isinstance(y, float):
             continue  # envelope mode: numbers within the noise
         if type(x) is not type(y) or x != y:
@@ -247,6 +255,10 @@ def _volatile(words: list[str]) -> bool:
 def _hex_digest(value: Any) -> bool:
     """A checksum of other bytes (a manifest's crc32c or sha256): it differs whenever they do."""
     return isinstance(value, str) and len(value) >= 8 and all(c in "0123456789abcdef" for c in value.lower())
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _rank(value: Any) -> int:
