@@ -73,6 +73,7 @@ def test_the_core_install_has_no_heavy_package_and_gates_a_probe_only_job(tmp_pa
         "spotchaos/scenarios/test_preemption.py",  # the built-in scenarios run from the installed package
         "spotchaos/templates/report.html.j2",
         "spotchaos/host/warm/zygote.py",  # run by the job's own interpreter, by path
+        "spotchaos/host/warm/torchrun_ranks.py",  # torchrun's agent, forking its ranks, by path
         "spotchaos/py.typed",
     }
     assert needed <= names, f"the wheel lacks {sorted(needed - names)}"

@@ -49,6 +49,7 @@ def test_a_killed_rank_ends_the_launch_and_the_restart_resumes_bit_exact(runner)
     assert verdict.passed, verdict.message()
     # max_restarts = 0: the agent exits when a rank dies, and the harness launches the job again
     assert len(run.attempts) == 2 and run.attempts[0].fault.fault == "kill-rank1"
+    assert {a.start_kind for a in run.attempts} == {"warm"}  # every rank forked by a warm agent
     assert "rank 1 (pid" in run.attempts[0].fault.detail and "SIGKILLed" in run.attempts[0].fault.detail
     assert run.attempts[-1].of_rank("resume")[0]["from_step"] == 7
     assert run.attempts[-1].of_rank("resume", 1)[0]["from_step"] == 7

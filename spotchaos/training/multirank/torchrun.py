@@ -12,13 +12,15 @@ probe's ``start`` events (pid and rank) and trusted only once the process carrie
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import signal
 import socket
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -27,7 +29,9 @@ from ...config.declare import PYTHON_ALIASES
 from ...config.jobs import JobSpec
 from ...errors import JobError
 from ...host.ports import free_port
-from ...host.processes import carrying, end
+from ...host.processes import carrying, descendants, end
+from ...host.warm import torchrun_ranks
+from ..engine.options import CRASHPOINT_DIR
 from .ranked import LaunchedNode, RankedHandle
 
 ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>": finds one node's processes
@@ -50,12 +54,18 @@ def check_port(job: JobSpec, port: int) -> None:
             raise
 
 
-def agent_argv(job: JobSpec, argv: tuple[str, ...], *, node: int, port: int, run_id: str) -> tuple[str, ...]:
-    """One node's torchrun command: the job's own command after torchrun's options."""
-    launcher = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+def agent_argv(
+    job: JobSpec, argv: tuple[str, ...], *, node: int, port: int, run_id: str, forked: ForkedRanks | None = None
+) -> tuple[str, ...]:
+    """One node's torchrun command: the job's own command after torchrun's options; ``forked``:
+    torchrun forking its ranks (``host/warm/torchrun_ranks.py``), with the crash-point hook to
+    import again in each."""
+    if forked is not None:
+        hook = [f"{torchrun_ranks.HOOK_OPTION}{forked.site_hook}"] if forked.site_hook else []
+        launcher = [sys.executable, torchrun_ranks.__file__, *hook]
+    else:
+        launcher = [sys.executable, "-m", "torch.distributed.run"]
+    launcher += [
         f"--nproc-per-node={job.nproc_per_node}",
         f"--nnodes={job.nnodes}",
         f"--max-restarts={job.max_restarts}",
@@ -71,6 +81,31 @@ def agent_argv(job: JobSpec, argv: tuple[str, ...], *, node: int, port: int, run
     if argv[0] in (sys.executable, *PYTHON_ALIASES):
         return (*launcher, *argv[1:])  # "-m module" and "script.py" are torchrun's own forms
     return (*launcher, "--no-python", *argv)
+
+
+@dataclass(frozen=True)
+class ForkedRanks:
+    """An attempt whose ranks torchrun's agent forks (warm) instead of starting cold."""
+
+    site_hook: str = ""  # the crash-point hook a cold rank would import first
+
+
+def forked_ranks(spec: LaunchSpec, backend: Backend) -> ForkedRanks | str:
+    """Whether the agent may fork this attempt's ranks, or why they start cold. Forked where the
+    attempt may start warm at all (``start_env``: a local Python job in a session that keeps warm
+    interpreters) and its command is a script: ``python -m module`` and interpreter flags are
+    torchrun's to start as ever. A crash point is armed in a forked rank by RANK, so it is
+    re-imported there; one armed in every process (no rank named) stays with cold ranks."""
+    argv = spec.argv
+    if spec.start_env is None or backend.name != "subprocess":
+        return "the attempt starts cold"
+    if argv[0] not in (sys.executable, *PYTHON_ALIASES) or len(argv) < 2 or argv[1].startswith("-"):
+        return "the job's command is no plain 'python script.py'"
+    if "SPOTCHAOS_CRASH_ROOT" not in spec.env:
+        return ForkedRanks()
+    if "SPOTCHAOS_CRASH_RANK" not in spec.env:
+        return "a crash point armed in every process"
+    return ForkedRanks(site_hook=str(CRASHPOINT_DIR / "sitecustomize.py"))
 
 
 def loopback_environment() -> dict[str, str]:
@@ -91,6 +126,8 @@ class TorchrunHandle(RankedHandle):
         if job.rdzv_port:
             check_port(job, self.port)
         self.base_spec = spec
+        forked = forked_ranks(spec, backend)
+        self.forked, self.cold_ranks = (forked, "") if isinstance(forked, ForkedRanks) else (None, forked)
         try:
             for node in range(job.nnodes):
                 node_spec = self._node_spec(node)
@@ -104,7 +141,7 @@ class TorchrunHandle(RankedHandle):
         spec = self.base_spec
         suffix = f".node{node}" if node else ""
         env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}"}
-        argv = agent_argv(self.job, spec.argv, node=node, port=self.port, run_id=self.run_id)
+        argv = agent_argv(self.job, spec.argv, node=node, port=self.port, run_id=self.run_id, forked=self.forked)
         return replace(
             spec,
             argv=argv,
@@ -120,28 +157,55 @@ class TorchrunHandle(RankedHandle):
                 f"rendezvous store (the job has nnodes = {self.job.nnodes})"
             )
         node = self.nodes[index]
-        self._end_node(node)
-        self.delivery_note = f"node {index} lost (its agent and workers SIGKILLed)"
+        ended = self._end_node(node)
+        listed = ", ".join(map(str, ended)) or "none found"
+        self.delivery_note = f"node {index} lost (its agent and workers SIGKILLed: pids {listed})"
 
-    def _end_node(self, node: LaunchedNode) -> None:
+    def _end_node(self, node: LaunchedNode) -> list[int]:
+        """The agent and every process under it at once: ranks it forked carry the run's marker
+        but not the node's (they were never exec'd with it), so they are found as its descendants,
+        the agent stopped first so that it starts no other while they are listed."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.handle.pid, signal.SIGSTOP)
+        forked = set(descendants(node.handle.pid)) & set(carrying(self.marker))
         node.handle.kill()
-        end(carrying(f"{ENV_NODE}={self.run_id}:{node.index}"))
+        workers = sorted(forked | set(carrying(f"{ENV_NODE}={self.run_id}:{node.index}")))
+        end(workers)
+        return workers
 
     # --- Handle -----------------------------------------------------------------------------------
     @property
     def start_kind(self) -> str:
-        """Cold, always, for the report's start-up figures: the ranks are the agents' own processes,
-        each a fresh ``import torch``; the agents themselves fork warm where they can."""
+        """Warm where every agent was forked warm and forked its ranks in turn; else cold, and why:
+        the agent's reason, ranks that torchrun started (``cold_ranks``), or a torch whose torchrun
+        could not fork them (the line its agent wrote, read back from the agent's stderr)."""
         kinds = {getattr(node.handle, "start_kind", "cold") for node in self.nodes}
-        if kinds == {"warm"}:
-            return "cold: torchrun starts its ranks (its agents were forked warm)"
-        return min(kind for kind in kinds if kind != "warm")
+        if kinds != {"warm"}:
+            return min(kind for kind in kinds if kind != "warm")
+        if self.forked is None:
+            return f"cold: torchrun starts its ranks ({self.cold_ranks}; its agents were forked warm)"
+        said = _cold_line(self._node_spec(0).stderr_path)
+        return f"cold: {said}" if said else "warm"
 
     @property
     def placement(self) -> dict | None:
         """Where each torchrun node ran, on a cluster backend (the Ray node of each agent)."""
         placed = [getattr(node.handle, "placement", None) for node in self.nodes]
         return {"torchrun_nodes": placed} if any(placed) else None
+
+
+def _cold_line(stderr: Path) -> str:
+    """The line an agent writes when its torch cannot fork ranks (read without following a link)."""
+    try:
+        fd = os.open(stderr, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as file:
+        head = file.read(8192).decode("utf-8", "replace")
+    for line in head.splitlines():
+        if line.startswith(torchrun_ranks.COLD):
+            return line[len("spotchaos: ") :][:200]
+    return ""
 
 
 def start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> TorchrunHandle:
