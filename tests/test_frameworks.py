@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -222,3 +223,47 @@ def test_a_trainer_resuming_the_docs_way_fails_on_the_planned_damage_and_the_mes
     message = failure_of(runner, job("hf-trainer", "--unverified"), "sigterm@12:truncate-zero")
     assert "exited with status 1 before its first step: the planned damage (truncate-zero on checkpoint-" in message
     assert "made the restart fail instead of roll back" in message and "torn checkpoint" not in message, message
+
+
+@pytest.mark.unit
+def test_a_trainer_checkpoint_holding_another_steps_state_under_its_name_is_rolled_back(tmp_path, monkeypatch):
+    """swap-older: checkpoint-13 replaced by a whole copy of checkpoint-12 (its checksums match):
+    the Trainer's name says step 13, its trainer_state.json says 12."""
+    from spotchaos.integrations.transformers import last_verified_checkpoint
+    from spotchaos.integrations.verified import write_checksums
+
+    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv("SPOTCHAOS_EVENTS", str(events))
+    out = tmp_path / "out"
+    for name in ("checkpoint-12", "checkpoint-13"):
+        (out / name).mkdir(parents=True)
+        (out / name / "trainer_state.json").write_text(json.dumps({"global_step": 12}))
+        (out / name / "model.safetensors").write_bytes(b"weights of step 12")
+        write_checksums(str(out / name))
+    assert last_verified_checkpoint(str(out)) == str(out / "checkpoint-12")
+    (rollback,) = [json.loads(line) for line in events.read_text().splitlines()]
+    assert rollback["event"] == "rollback" and rollback["skipped_uri"].endswith("checkpoint-13")
+    assert "global_step 12 under the name checkpoint-13" in rollback["reason"], rollback
+    assert (out / ".rejected-checkpoint-13").is_dir()
+
+
+@pytest.mark.unit
+def test_a_lightning_checkpoint_gone_but_for_its_sha256_is_rolled_back(tmp_path, monkeypatch):
+    """drop-file on a one-file checkpoint: the file is gone, its sidecar says it was written."""
+    import os
+
+    from spotchaos.integrations.lightning_exact import newest_verified_checkpoint
+    from spotchaos.integrations.verified import write_checksums
+
+    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv("SPOTCHAOS_EVENTS", str(events))
+    older, newer = tmp_path / "last.ckpt", tmp_path / "sigterm-step=7.ckpt"
+    for age, path in enumerate((newer, older)):
+        path.write_bytes(path.name.encode())
+        write_checksums(str(path))
+        for each in (path, Path(f"{path}.sha256")):
+            os.utime(each, ns=(10**18 - age * 10**9,) * 2)  # the newer one written later
+    newer.unlink()
+    assert newest_verified_checkpoint(str(tmp_path)) == str(older)
+    (rollback,) = [json.loads(line) for line in events.read_text().splitlines()]
+    assert rollback["skipped_uri"].endswith("sigterm-step=7.ckpt") and "is missing" in rollback["reason"], rollback

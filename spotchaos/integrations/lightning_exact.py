@@ -30,6 +30,7 @@ at a step's end (Lightning's own SIGTERM handler hangs there). Imports Lightning
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -40,7 +41,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from .lightning import accumulation, micro_batches_taken
-from .verified import newest_verified, write_checksums
+from .verified import SIDECAR, newest_verified, write_checksums
 
 try:
     import lightning.pytorch as pl
@@ -248,8 +249,19 @@ class OrderedAsyncCheckpointIO(AsyncCheckpointIO):
 
 def newest_verified_checkpoint(dirpath: str) -> str | None:
     """The newest checkpoint file of ``dirpath`` (last.ckpt included: the last one written) whose
-    sha256 matches; each newer one that does not is reported to spotchaos as a rollback."""
+    sha256 matches; each newer one that does not is reported to spotchaos as a rollback. A
+    checkpoint whose file is gone but whose ``.sha256`` is still there (deleted, or lost with its
+    disk) is one of them, dated by that sidecar: without it the resume would fall back silently."""
     if not os.path.isdir(dirpath):
         return None
-    files = [os.path.join(dirpath, n) for n in os.listdir(dirpath) if n.endswith(".ckpt") and not n.startswith(".")]
-    return newest_verified(sorted(files, key=lambda f: os.stat(f).st_mtime_ns, reverse=True))
+    names = [n for n in os.listdir(dirpath) if not n.startswith(".")]
+    files = {os.path.join(dirpath, n) for n in names if n.endswith(".ckpt")}
+    files |= {os.path.join(dirpath, n[: -len(SIDECAR)]) for n in names if n.endswith(".ckpt" + SIDECAR)}
+
+    def written(path: str) -> int:
+        for candidate in (path, path + SIDECAR):
+            with contextlib.suppress(OSError):
+                return os.stat(candidate).st_mtime_ns
+        return 0
+
+    return newest_verified(sorted(files, key=written, reverse=True))

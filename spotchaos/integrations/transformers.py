@@ -232,4 +232,15 @@ def last_verified_checkpoint(output_dir: str) -> str | None:
     except OSError:
         return None
     newest_first = sorted(names, key=lambda n: int(n[len(PREFIX) :]), reverse=True)
-    return newest_verified((os.path.join(output_dir, n) for n in newest_first), required=STATE_FILE)
+    return newest_verified(
+        (os.path.join(output_dir, n) for n in newest_first), required=STATE_FILE, named=_holds_its_step
+    )
+
+
+def _holds_its_step(folder: str) -> str | None:
+    """The Trainer names a checkpoint after its ``global_step``: a ``checkpoint-13`` holding step
+    12's state is an older checkpoint under the newest name (a stale copy, a restored object
+    version), whose checksums still match. None when the name and the state agree."""
+    step = checkpoint_step(folder)
+    named = int(os.path.basename(folder)[len(PREFIX) :])
+    return None if step == named else f"it holds global_step {step} under the name {os.path.basename(folder)}"

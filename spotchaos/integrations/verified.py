@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ..probe import Probe
 
@@ -58,7 +58,9 @@ def problem(checkpoint: str, required: str | None = None) -> str | None:
                 expected = f.read().strip()
         except OSError:
             return f"no {os.path.basename(checkpoint)}{SIDECAR}: its save did not finish"
-        return None if os.path.isfile(checkpoint) and sha256(checkpoint) == expected else "does not match its sha256"
+        if not os.path.isfile(checkpoint):
+            return f"{os.path.basename(checkpoint)} is missing (its {SIDECAR} is still there)"
+        return None if sha256(checkpoint) == expected else "does not match its sha256"
     try:
         with open(os.path.join(checkpoint, MANIFEST)) as f:
             sums = json.load(f)
@@ -78,14 +80,22 @@ def problem(checkpoint: str, required: str | None = None) -> str | None:
 REJECTED = ".rejected-"  # the prefix a checkpoint that failed verification is renamed with
 
 
-def newest_verified(candidates: Iterable[str], required: str | None = None, *, set_aside: bool = True) -> str | None:
+def newest_verified(
+    candidates: Iterable[str],
+    required: str | None = None,
+    *,
+    set_aside: bool = True,
+    named: Callable[[str], str | None] | None = None,
+) -> str | None:
     """The first of ``candidates`` (newest first) that verifies; each one before it is reported to
     spotchaos as a rollback and, with ``set_aside``, renamed ``.rejected-NAME`` (kept for a look,
-    out of the way of the save that will write that step again). None when none verifies."""
+    out of the way of the save that will write that step again). ``named``: the framework's own
+    check that a checkpoint holds what its name says (checksums cannot: an older checkpoint copied
+    whole matches its own). None when none verifies."""
     probe = Probe.from_env()
     try:
         for checkpoint in candidates:
-            why = problem(checkpoint, required)
+            why = problem(checkpoint, required) or (named(checkpoint) if named is not None else None)
             if why is None:
                 return checkpoint
             probe.rollback(os.path.abspath(checkpoint), why)
