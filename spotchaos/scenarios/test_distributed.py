@@ -35,11 +35,16 @@ def after_checkpoint(spotchaos, job: JobSpec, fraction: float) -> int:
 
 
 def hang_watchdog_seconds(spotchaos, job: JobSpec) -> float:
-    """How long a rank may be silent before it is named hung: ten times the longest gap between two
-    steps of the uninterrupted run (its checkpoint saves included), at least 4 s, at most the job's
-    own hang_timeout_seconds."""
-    steps = [e["t"] for e in spotchaos.reference(job).attempts[0].of_rank("step")]
-    longest = max((b - a for a, b in itertools.pairwise(steps)), default=0.0)
+    """How long a rank may be silent before it is named hung: ten times the longest silence of any
+    rank in the uninterrupted run (between two of its events: steps, checkpoint saves, and its end:
+    the restart after the hang trains to the end, and a framework's teardown after its last step is
+    the slowest stretch of all on a loaded machine), at least 4 s, at most the job's own
+    hang_timeout_seconds."""
+    events = [e for e in spotchaos.reference(job).attempts[0].events if isinstance(e.get("t"), (int, float))]
+    longest = 0.0
+    for rank in {e.get("rank", 0) for e in events}:
+        times = [e["t"] for e in events if e.get("rank", 0) == rank]
+        longest = max([longest, *(b - a for a, b in itertools.pairwise(times))])
     return min(job.hang_seconds, max(4.0, 10 * longest))
 
 
