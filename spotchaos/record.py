@@ -120,7 +120,7 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
 def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     """One more run made for the scenario running now: its attempts (each a start of the job),
     the steps they trained (replays included), and its seconds: start-up (launch to the job's
-    first event), training (the rest of the attempts), harness (the run's own work around them).
+    first step), training (the rest of the attempts), harness (the run's own work around them).
     ``reference_steps``: the uninterrupted run's steps, the unit of "runs' worth"."""
     record = current()
     if record is None:

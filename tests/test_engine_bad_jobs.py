@@ -95,3 +95,17 @@ probe.final({}, step=0)
     (saw,) = record.attempts[0].of_kind("saw")
     assert saw["uri"] == (tmp_path / "run" / "checkpoints").resolve().as_uri()
     assert saw["entries"] == []
+
+
+def test_the_start_up_lasts_until_the_first_step_not_the_start_event(tmp_path, script):
+    """An integration says "start" when its callback is made, before the model and data are built
+    and a checkpoint is restored: all of that is start-up, not training."""
+    body = """
+probe.start()
+time.sleep(1.0)  # building the model, reading a checkpoint
+probe.step(0, 1.0)
+probe.final({}, step=0)
+"""
+    record = run(tmp_path, script(PRELUDE + body))
+    (attempt,) = record.attempts
+    assert attempt.start_seconds is not None and attempt.start_seconds >= 1.0, attempt.start_seconds

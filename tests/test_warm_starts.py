@@ -263,6 +263,8 @@ def test_a_gate_runs_its_attempts_warm_and_its_reference_cold_and_off_means_cold
         job_from_mapping("bad", {"command": ["python", "x.py"], "warm": "yes"}, "test")
     with pytest.raises(Exception, match=r"preload: must be a list of installed modules"):
         job_from_mapping("bad", {"command": ["python", "x.py"], "preload": ["torch; rm -rf /"]}, "test")
+    optional = job_from_mapping("ok", {"command": ["python", "x.py"], "preload": ["torch", "?deepspeed"]}, "test")
+    assert optional.preload == ("torch", "?deepspeed")  # "?name": imported only where it imports
 
 
 def test_the_report_reads_torchs_cuda_build_without_importing_torch():

@@ -26,7 +26,7 @@ from .logspec import LogSpec, log_from_mapping
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
 from .prices import MAX_PRICE, PRICE_KEYS, CostInputs
 
-MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+MODULE_NAME = re.compile(r"\??[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")  # "?name": only where it imports
 
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")

@@ -51,7 +51,7 @@ class Attempt:
     index: int
     exit_code: int | None
     wall_seconds: float
-    start_seconds: float | None  # until the first event: cold start, imports, restore
+    start_seconds: float | None  # until the first step (else the first event): imports, model, restore
     started_wall: float = 0.0  # Unix time of the launch, comparable with the events' "t"
     events: list[Event] = field(default_factory=list)
     fault: FaultRecord | None = None

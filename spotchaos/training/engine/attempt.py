@@ -300,7 +300,7 @@ class AttemptRun:
             index=self.index,
             exit_code=watch.exit_code,
             wall_seconds=time.monotonic() - watch.started,
-            start_seconds=(watch.first_event_at - watch.started) if watch.first_event_at else None,
+            start_seconds=_start_seconds(watch),
             started_wall=watch.started_wall,
             events=reader.events,
             fault=watch.fault,
@@ -443,6 +443,14 @@ FRAMEWORK_PRELOAD = {
     "lightning": ("?lightning.pytorch",),
     "accelerate": ("?accelerate",),
 }
+
+
+def _start_seconds(watch: AttemptWatch) -> float | None:
+    """Launch to the job's first step: the imports, the model and data built, a checkpoint
+    restored (an integration that says "start" when its callback is made would have them all
+    count as training); launch to its first event where it never stepped (killed while loading)."""
+    ended = watch.first_step_at or watch.first_event_at
+    return None if ended is None else ended - watch.started
 
 
 def _preload(job: JobSpec) -> tuple[str, ...]:

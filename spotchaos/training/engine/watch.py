@@ -53,6 +53,7 @@ class AttemptWatch:
         self.started = time.monotonic()
         self.started_wall = time.time()
         self.first_event_at: float | None = None
+        self.first_step_at: float | None = None  # the start-up ends here: imports, model, restore done
         self.last_event_at = self.started
         self.last_step: int | None = None
         self.fault: FaultRecord | None = None
@@ -89,6 +90,8 @@ class AttemptWatch:
         timing = self.hold.rank if self.hold is not None else 0
         for event in new:
             rank = event.get("rank", 0)
+            if event["event"] == "step" and self.first_step_at is None:
+                self.first_step_at = now
             if event["event"] == "step" and rank == timing:
                 self.last_step = event["step"]
             elif event["event"] == "notice" and self.hold is not None and rank == self.hold.rank:
