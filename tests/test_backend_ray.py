@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ from spotchaos.config.jobs import ConfigError, JobSpec, job_from_mapping, load_s
 from spotchaos.errors import SpotchaosError
 from spotchaos.families.preemption import ChaosFailure
 from spotchaos.host.leftovers import LIVE_DIR_VARIABLE, LiveJobs
-from spotchaos.host.processes import become_subreaper
+from spotchaos.host.processes import become_subreaper, descendants, end
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosRunner
 
@@ -126,6 +127,27 @@ def test_a_jobs_exit_is_read_from_its_node_when_the_actor_no_longer_answers(ray_
     finally:
         with contextlib.suppress(Exception):  # the actor is gone: the node is released all the same
             handle.cleanup()
+
+
+def test_a_node_dead_before_its_job_started_is_replaced_and_the_job_starts_on_another(ray_runner, tmp_path):
+    """A node that dies on its own (a replacement that never became healthy on a loaded machine)
+    fails the actor's start; that is no failure of the job: the node is counted lost (what is left
+    of it ended, a replacement started) and the job starts on another node."""
+    cluster = ray_runner.ray_cluster()
+    dead, other = list(cluster.nodes.values())[:2]
+    starter = cluster._starters[dead.name]
+    end([*descendants(starter.pid), starter.pid])  # behind the cluster's back: it still lists the node
+    other.busy += 1  # the dead node is the one free to take
+    backend = RayBackend(cluster, {"CPU": 1.0}, 10.0)
+    argv = (sys.executable, "-c", "import sys; sys.exit(3)")
+    spec = LaunchSpec(argv, backend.inherited_environment(), tmp_path, tmp_path / "stdout", tmp_path / "stderr")
+    threading.Timer(5.0, cluster.release_node, (other,)).start()  # free again once the first try is made
+    handle = backend.start(spec)
+    try:
+        assert handle.wait(60) == 3
+        assert handle.placement["node_id"] != dead.node_id and dead.node_id not in cluster.nodes
+    finally:
+        handle.cleanup()
 
 
 def test_a_job_asking_for_what_no_node_has_is_one_clear_error(ray_runner):

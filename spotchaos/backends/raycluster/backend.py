@@ -28,6 +28,8 @@ from ...errors import BackendError
 from ..base import LaunchSpec
 from .cluster import RayCluster, RayNode
 
+NODE_TRIES = 3  # nodes an attempt is started on before a node dead at its start is the attempt's error
+
 
 class RayHandle:
     """One attempt on one Ray node."""
@@ -186,13 +188,25 @@ class RayBackend:
         return dict(self._environment)
 
     def start(self, spec: LaunchSpec) -> RayHandle:
+        self.grace_seconds = spec.grace_seconds
+        for tries_left in reversed(range(NODE_TRIES)):
+            node = self.cluster.take_node(self.needs, avoid=self.last_node, timeout=300)
+            try:
+                return self._start_on(node, spec)
+            except BackendError:
+                if tries_left == 0 or self.cluster.node_alive(node):
+                    raise
+                # the node died before the job started (a replacement that never became healthy on
+                # a loaded machine): not the job's doing; its processes go with it, another is tried
+                self.cluster.lost(node)
+        raise AssertionError("unreachable")
+
+    def _start_on(self, node: RayNode, spec: LaunchSpec) -> RayHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from .agent import JobAgent
 
         ray = self.cluster.ray
-        self.grace_seconds = spec.grace_seconds
-        node = self.cluster.take_node(self.needs, avoid=self.last_node, timeout=300)
         custom = {k: v for k, v in self.needs.items() if k not in ("CPU", "GPU")}
         try:
             actor = (

@@ -177,6 +177,15 @@ class RayCluster(abc.ABC):
                     raise BackendError(f"no free Ray worker node with {needs} within {timeout:g} s")
                 self._changed.wait(min(left, 1.0))
 
+    def node_alive(self, node: RayNode) -> bool:
+        """Whether the GCS still counts ``node`` alive (a node that missed its health checks is dead
+        to Ray, its actors with it); True when Ray cannot say."""
+        try:
+            states = {n.get("NodeID"): n.get("Alive") for n in self.ray.nodes()}
+        except Exception:
+            return True
+        return bool(states.get(node.node_id, False))
+
     def release_node(self, node: RayNode) -> None:
         with self._changed:
             node.busy = max(0, node.busy - 1)
@@ -213,6 +222,12 @@ class RayCluster(abc.ABC):
     @abc.abstractmethod
     def remove(self, node: RayNode) -> str:
         """The node gone (a local cluster) or kept (the user's); what happened, for the report."""
+
+    def lost(self, node: RayNode) -> None:
+        """``node`` died on its own (Ray counts it dead): never placed on again."""
+        with self._changed:
+            self.nodes.pop(node.node_id, None)
+            self._changed.notify_all()
 
     @property
     @abc.abstractmethod
@@ -420,6 +435,10 @@ class LocalRayCluster(RayCluster):
         self._replacing.append(thread)
         thread.start()
         return f"node {node.name} removed: {len(pids)} process(es) on it SIGKILLed; {name} replaces it"
+
+    def lost(self, node: RayNode) -> None:
+        """A node of ours that died on its own: what is left of it ended, a replacement started."""
+        self.remove(node)
 
     def _replace(self, name: str, marker: str) -> None:
         """Start and register a replacement, one at a time: two ``ray start`` at once on one
