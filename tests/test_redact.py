@@ -14,6 +14,9 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
 def test_secret_named_variables_are_found_and_others_are_not():
     env = {"AWS_SECRET_ACCESS_KEY": SECRET, "HF_TOKEN": "hf_abcdefgh", "PATH": "/usr/bin", "DB_PASSWORD": "1"}
     assert secret_values(env) == [SECRET, "hf_abcdefgh"]  # longest first; "1" is too short to redact
+    # a variable naming where a secret is kept holds a path: no secret (its windows would redact the run folder)
+    assert secret_values({"RAY_AUTH_TOKEN_PATH": "/tmp/spotchaos-0/ray-ab12cd/auth_token"}) == []
+    assert secret_values({"HF_TOKEN_FILE": "hf_abcdefghij"}) == ["hf_abcdefghij"]  # no path: still a secret
 
 
 def test_a_urls_credentials_are_secrets_on_any_host_and_a_plain_urls_path_is_not():

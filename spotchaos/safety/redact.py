@@ -37,6 +37,7 @@ import re2
 
 from .safefs import Folder, UnsafeFile, open_regular, regular_files
 
+PLACE_NAME = re.compile(r"_(?:PATH|FILE|DIR|FOLDER)$", re.I)  # where a secret is kept, not the secret
 SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY|API_KEY|PRIVATE_KEY|AUTH", re.I)
 KEY_NAME = re.compile(r"(?:^|_)(?:KEY|PAT|DSN)$|WEBHOOK|SIGNING", re.I)  # a secret when its value looks random
 REDACTED = "[REDACTED]"
@@ -141,11 +142,18 @@ def _random_looking(value: str) -> bool:
     return _kinds(value) >= 2 and vowels <= MAX_VOWELS and high
 
 
+def _names_a_place(name: str, value: str) -> bool:
+    """``RAY_AUTH_TOKEN_PATH=/tmp/spotchaos-0/.../auth_token``: a variable named for where a secret
+    is kept holds a path, not the secret; taken for one, every 8-character window of the path
+    (``spotchaos``, the run folder) was redacted from every message."""
+    return bool(PLACE_NAME.search(name)) and value.startswith("/") and not any(c.isspace() for c in value)
+
+
 def secrets_of_variable(name: str, value: str) -> list[str]:
     """The secrets a variable holds: its whole value when named like a secret or random-looking
     under a key-like name, else what its value holds of a credential's shape (a URL's password,
     its ``user:password``, a token)."""
-    if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_CHARS:
+    if SECRET_NAME.search(name) and len(value) >= MIN_SECRET_CHARS and not _names_a_place(name, value):
         return [value]
     found = _url_secrets(value, key_named=bool(KEY_NAME.search(name))) if "://" in value else []
     data = value.encode("utf-8", "surrogateescape")
