@@ -35,7 +35,7 @@ import transformers
 from transformers import TrainerCallback
 
 from ._report import Report, Stopwatch
-from .verified import newest_verified, write_checksums
+from .verified import named_step_problem, newest_verified, write_checksums
 
 __all__ = ["SaveOnSigterm", "SpotchaosCallback", "VerifiedCheckpoints", "last_verified_checkpoint"]
 
@@ -241,6 +241,5 @@ def _holds_its_step(folder: str) -> str | None:
     """The Trainer names a checkpoint after its ``global_step``: a ``checkpoint-13`` holding step
     12's state is an older checkpoint under the newest name (a stale copy, a restored object
     version), whose checksums still match. None when the name and the state agree."""
-    step = checkpoint_step(folder)
     named = int(os.path.basename(folder)[len(PREFIX) :])
-    return None if step == named else f"it holds global_step {step} under the name {os.path.basename(folder)}"
+    return named_step_problem(folder, checkpoint_step(folder), named, what="global_step")

@@ -77,6 +77,13 @@ def problem(checkpoint: str, required: str | None = None) -> str | None:
     return None
 
 
+def named_step_problem(checkpoint: str, held: object, named: int, what: str = "step") -> str | None:
+    """Why a checkpoint named after step ``named`` is not that step's (an older checkpoint copied
+    whole under the newest name matches its own checksums); None when what it holds agrees. For
+    ``newest_verified``'s ``named`` check, each framework reading ``held`` its own way."""
+    return None if held == named else f"it holds {what} {held} under the name {os.path.basename(checkpoint)}"
+
+
 REJECTED = ".rejected-"  # the prefix a checkpoint that failed verification is renamed with
 
 

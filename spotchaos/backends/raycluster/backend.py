@@ -189,17 +189,18 @@ class RayBackend:
 
     def start(self, spec: LaunchSpec) -> RayHandle:
         self.grace_seconds = spec.grace_seconds
-        for tries_left in reversed(range(NODE_TRIES)):
+        tries = NODE_TRIES
+        while True:
             node = self.cluster.take_node(self.needs, avoid=self.last_node, timeout=300)
             try:
                 return self._start_on(node, spec)
             except BackendError:
-                if tries_left == 0 or self.cluster.node_alive(node):
+                tries -= 1
+                if tries == 0 or self.cluster.node_alive(node):
                     raise
                 # the node died before the job started (a replacement that never became healthy on
                 # a loaded machine): not the job's doing; its processes go with it, another is tried
                 self.cluster.lost(node)
-        raise AssertionError("unreachable")
 
     def _start_on(self, node: RayNode, spec: LaunchSpec) -> RayHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

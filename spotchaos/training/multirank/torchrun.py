@@ -137,17 +137,20 @@ class TorchrunHandle(RankedHandle):
             raise
         self.identity = {**getattr(self.nodes[0].handle, "identity", {})}
 
+    def _log(self, path: Path, node: int) -> Path:
+        """Node 0 logs where a one-process attempt would; node n beside it, ``.node<n>``."""
+        return path.with_name(path.stem + (f".node{node}" if node else "") + ".log")
+
     def _node_spec(self, node: int) -> LaunchSpec:
         spec = self.base_spec
-        suffix = f".node{node}" if node else ""
         env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}"}
         argv = agent_argv(self.job, spec.argv, node=node, port=self.port, run_id=self.run_id, forked=self.forked)
         return replace(
             spec,
             argv=argv,
             env=env,
-            stdout_path=spec.stdout_path.with_name(spec.stdout_path.stem + suffix + ".log"),
-            stderr_path=spec.stderr_path.with_name(spec.stderr_path.stem + suffix + ".log"),
+            stdout_path=self._log(spec.stdout_path, node),
+            stderr_path=self._log(spec.stderr_path, node),
         )
 
     def lose_node(self, index: int) -> None:
@@ -184,7 +187,7 @@ class TorchrunHandle(RankedHandle):
             return min(kind for kind in kinds if kind != "warm")
         if self.forked is None:
             return f"cold: torchrun starts its ranks ({self.cold_ranks}; its agents were forked warm)"
-        said = _cold_line(self._node_spec(0).stderr_path)
+        said = _cold_line(self._log(self.base_spec.stderr_path, 0))
         return f"cold: {said}" if said else "warm"
 
     @property
