@@ -235,6 +235,26 @@ def test_landing_held_late_past_a_checkpoint_and_past_the_end():
     assert (resumed.held, resumed.landed_step, resumed.steps_late) == (True, 8, 0)
 
 
+@pytest.mark.unit
+def test_a_checkpoint_written_during_the_attempt_counts_as_passed_before_its_step_lines_arrive():
+    # a block-buffered job: the scan read checkpoint 11's stored step while the last line read was
+    # step 7; the lines of steps 8-11 arrived after it (CI's flake: the kill judged still a plan)
+    def buffered(checkpoint_mtime: float) -> list:
+        events = _events(range(8), {3, 7})
+        events.append({"event": "checkpoint", "step": 11, "t": 7.8, "rank": 0, "mtime_ns": int(checkpoint_mtime * 1e9)})
+        return events + _events(range(8, 13))
+
+    written = _fault(9, 12, 12.9)
+    settle(written, buffered(7.7), held_step=None, ends_job=True, job_clock=False, started_wall=0.5)
+    assert (written.steps_late, written.passed_checkpoint) == (3, 11)
+    assert "past the checkpoint after step 11" in untested(written, 19)
+
+    # the same file left by an earlier attempt (this one resumed before it): not this attempt's
+    stale = _fault(9, 12, 12.9)
+    settle(stale, buffered(0.2), held_step=None, ends_job=True, job_clock=False, started_wall=0.5)
+    assert (stale.steps_late, stale.passed_checkpoint) == (3, None)
+
+
 def test_an_exploration_runs_each_plan_once_and_never_a_fresh_restart_only(runner):
     from hypothesis import strategies as st
 

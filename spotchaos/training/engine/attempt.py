@@ -423,7 +423,14 @@ def settle_landing(
     kind = PREEMPTIONS.get(fault.fault)
     ends_job = kind is not None and not kind.graceful and not getattr(kind, "continues", False)
     held = hold.poll() if hold is not None else None
-    settle(fault, attempt.events, held_step=held, ends_job=ends_job, job_clock=job.log is None)
+    settle(
+        fault,
+        attempt.events,
+        held_step=held,
+        ends_job=ends_job,
+        job_clock=job.log is None,
+        started_wall=attempt.started_wall or None,
+    )
     if deliberate:
         fault.steps_late = fault.passed_checkpoint = None
     if fault.held and hold is not None:

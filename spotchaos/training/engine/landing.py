@@ -14,13 +14,23 @@ from ..events import Event
 from ..trajectory import FaultRecord
 
 
-def settle(fault: FaultRecord, events: list[Event], *, held_step: int | None, ends_job: bool, job_clock: bool) -> None:
+def settle(
+    fault: FaultRecord,
+    events: list[Event],
+    *,
+    held_step: int | None,
+    ends_job: bool,
+    job_clock: bool,
+    started_wall: float | None = None,
+) -> None:
     """Fill in ``fault.landed_step``, ``steps_late``, ``held`` and ``passed_checkpoint`` from the
     attempt's events.
 
     ``ends_job``: the fault stops the job at once (SIGKILL), so every step it reported came before;
     ``job_clock``: the events carry the job's own time (the probe), so those stamped before the
-    delivery came before it (a log-adapter line carries the time the harness read it).
+    delivery came before it (a log-adapter line carries the time the harness read it);
+    ``started_wall``: the attempt's launch, so a checkpoint file written during it counts as passed
+    wherever its event stands (a block-buffered job's lines arrive after the file they precede).
     """
     steps = [(i, e["step"]) for i, e in enumerate(events) if e["event"] == "step" and e.get("rank", 0) == 0]
     due = max(fault.planned_step, steps[0][1]) if steps else fault.planned_step  # resumed past it: its first step
@@ -41,13 +51,22 @@ def settle(fault: FaultRecord, events: list[Event], *, held_step: int | None, en
     reached = next((i for i, step in steps if step >= due), len(events))
     passed = [
         e["step"]
-        for e in events[reached + 1 :]
+        for i, e in enumerate(events)
         if e["event"] == "checkpoint"
         and e.get("rank", 0) == 0
         and due <= e["step"] <= landed
+        and (i > reached or _written_during(e, started_wall))
         and (ends_job or e["t"] <= fault.delivered_wall)
     ]
     fault.passed_checkpoint = min(passed) if passed else None
+
+
+def _written_during(event: Event, started_wall: float | None) -> bool:
+    """The checkpoint's file (whose stored step was read) was written after the attempt's launch:
+    this attempt trained to it, even where its event was recorded before the step lines that
+    precede it arrived. A file left by an earlier attempt (a rollback re-trains past it) is older."""
+    mtime_ns = event.get("mtime_ns")
+    return started_wall is not None and isinstance(mtime_ns, int) and mtime_ns / 1e9 >= started_wall
 
 
 def untested(fault: FaultRecord, last_step: int) -> str | None:
