@@ -150,6 +150,27 @@ def test_corrupt_manifest_always_breaks_a_digest_never_a_key(tmp_path):
         assert damaged["files"]["model.pt"]["crc32c"] != "78754f45"
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("fault", ["corrupt-manifest", "delete-manifest"])
+def test_a_manifest_fault_on_a_one_file_checkpoint_is_not_applied_and_touches_nothing(tmp_path, fault):
+    """The main job's third run: Lightning's one-file checkpoint under a manifest fault opened
+    ``epoch=1-step=12.ckpt/manifest.json`` as a folder and failed the scenario as a harness error."""
+    files = []
+    for step in (6, 12):
+        (tmp_path / f"epoch=0-step={step}.ckpt").write_bytes(bytes(range(256)))
+        files.append(tmp_path / f"epoch=0-step={step}.ckpt")
+    attempts = [
+        Attempt(0, -9, 1.0, None, events=[_checkpoint_event(f, s) for f, s in zip(files, (6, 12), strict=True)])
+    ]
+    damage = damage_newest(fault, 0.5, attempts, tmp_path)
+    assert not damage.applied and "is one file: it holds no manifest.json" in damage.detail, damage
+    assert [f.read_bytes() for f in files] == [bytes(range(256))] * 2
+
+
+def _checkpoint_event(path, step):
+    return {"event": "checkpoint", "step": step, "t": 0.0, "rank": 0, "uri": path.as_uri()}
+
+
 def test_plan_syntax_round_trips_damage_and_pick():
     plan = Plan.parse("sigkill@12:flip-bit-data~0.375,crash@7")
     assert str(plan) == "sigkill@12:flip-bit-data~0.375,crash@7" and Plan.parse(str(plan)) == plan

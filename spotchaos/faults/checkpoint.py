@@ -255,6 +255,8 @@ class DamageManifest:
         return f"{self.how}-manifest"
 
     def apply(self, checkpoints: CheckpointSet, pick: float) -> Damage:
+        if not checkpoints.newest_is_folder():  # a one-file checkpoint: no folder to hold a manifest
+            raise ValueError(f"{checkpoints.newest.name} is one file: it holds no {MANIFEST}")
         manifest = checkpoints.newest / MANIFEST
         if not checkpoints.is_regular(manifest):
             raise ValueError(f"{checkpoints.newest} has no {MANIFEST}")

@@ -74,6 +74,8 @@ def _open_dir(name: str | Path, dir_fd: int | None, where: Path) -> int:
             try:
                 mode = os.lstat(where).st_mode
                 what = _kind(mode) + (f" ({describe_link(where)})" if stat.S_ISLNK(mode) else "")
+                if stat.S_ISREG(mode):
+                    what = "a file where a folder was expected"
             except OSError:
                 what = "not a folder"
             raise _refuse(where, what) from None
