@@ -63,6 +63,34 @@ def test_a_hung_rank_is_named_within_the_timeout_and_the_restart_resumes(runner)
     assert "rank 1 (pid" in fault.detail and "is stopped (SIGSTOP)" in fault.detail, fault.detail
 
 
+def test_one_nodes_notice_reaches_that_nodes_ranks_only_and_the_agreed_checkpoint_resumes_bit_exact(runner):
+    """drain-node1 on the two-node job: node 1's agent alone gets the SIGTERM and forwards it to
+    its rank; the ranks agree on it (one all-reduce a step), checkpoint together and exit 0."""
+    run, verdict = runner.run(ddp_job(name="ddp-2nodes"), Plan.parse("drain-node1@5"))
+    assert verdict.passed, verdict.message()
+    fault = run.attempts[0].fault
+    assert fault.fault == "drain-node1" and fault.held and "no other node was" in fault.detail, fault
+    # torchrun: node 0's agent waits in its exit barrier for node 1's, which left on the signal
+    assert not fault.grace_exceeded and "the grace window's end took the node" in fault.detail, fault
+    assert [e["rank"] for e in run.attempts[0].of_kind("notice")] == [1]  # node 1's rank only
+    (grace,) = verdict.grace
+    assert grace.ok and grace.checkpoint_step == 5, grace
+    assert not no_process_left(runner)
+
+
+@pytest.mark.full  # CI runs the correct job under one node's notice
+def test_ranks_that_act_on_their_own_notice_deadlock_on_one_nodes_notice(runner):
+    job = ddp_job("broken_ddp_own_notice", name="ddp-2nodes")
+    with pytest.raises(ChaosFailure) as failure:
+        runner.check(job, "drain-node1@5")
+    text = str(failure.value)
+    assert "no checkpoint at or after step 5 after drain-node1 after step 5 (attempt 0), one node's notice" in text, (
+        text
+    )
+    assert "do the ranks agree on a notice" in text, text
+    assert not no_process_left(runner)
+
+
 @pytest.mark.full  # CI names a torn DCP publication by the async save's; the search is the full run's
 def test_a_checkpoint_published_before_every_rank_wrote_its_files_is_found_and_named(runner):
     """The crash a hand-picked shard crash point misses: rank 1 killed before its own last file of
@@ -299,8 +327,9 @@ def test_a_group_restart_inside_one_launch_becomes_an_attempt_of_its_own():
 
 @pytest.mark.unit
 def test_rank_fault_names_parse_and_unknown_ones_are_refused():
-    plan = Plan.parse("kill-rank1@3,hang-rank2@5,lose-node1@7,crash-rank1@4")
-    assert [p.fault for p in plan.preemptions] == ["kill-rank1", "hang-rank2", "lose-node1", "crash-rank1"]
+    plan = Plan.parse("kill-rank1@3,hang-rank2@5,lose-node1@7,crash-rank1@4,drain-node1@9")
+    faults = ["kill-rank1", "hang-rank2", "lose-node1", "crash-rank1", "drain-node1"]
+    assert [p.fault for p in plan.preemptions] == faults
     assert plan.preemptions[3].fs_event == 4 and plan.preemptions[3].crash_rank == 1
     with pytest.raises(ConfigError, match="kill-rankN"):
         Plan.parse("kill-rank@3")

@@ -255,6 +255,35 @@ def test_a_checkpoint_written_during_the_attempt_counts_as_passed_before_its_ste
     assert (stale.steps_late, stale.passed_checkpoint) == (3, None)
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("fault", "launcher", "rank"),
+    [
+        ("kill-rank1", "torchrun", 1),
+        ("lose-node1", "torchrun", 2),
+        ("drain-node1", "ray-train", 0),
+        ("drain-node1", "torchrun", 2),
+        ("sigterm", "torchrun", 0),
+    ],
+)
+def test_a_rank_or_node_fault_holds_its_target_rank(tmp_path, fault, launcher, rank):
+    """The main job's Ray Train lose-node1@9 landed 2 steps late: PREEMPTIONS.get() never found a
+    rank fault (a dict's get skips the named lookup), so no hold was armed for any of them."""
+    from spotchaos.faults import PREEMPTIONS
+    from spotchaos.faults.plan import Preemption
+    from spotchaos.training.engine.attempt import _arm_hold
+    from spotchaos.training.engine.options import EngineOptions
+
+    assert PREEMPTIONS.get(fault) is PREEMPTIONS[fault] or PREEMPTIONS.get(fault) == PREEMPTIONS[fault]
+    assert PREEMPTIONS.get("melt-node1") is None
+    job = JobSpec(name="j", command=("python", "t.py"), launcher=launcher, nproc_per_node=2)
+    hold = _arm_hold(job, Preemption(5, fault), EngineOptions(root=tmp_path), tmp_path)
+    try:
+        assert hold is not None and (hold.at, hold.rank) == (5, rank), hold
+    finally:
+        hold is not None and hold.close()
+
+
 def test_an_exploration_runs_each_plan_once_and_never_a_fresh_restart_only(runner):
     from hypothesis import strategies as st
 

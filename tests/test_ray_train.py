@@ -4,8 +4,8 @@ by the harness. A lost worker node, a killed worker and a drain notice are resto
 itself, inside the attempt; a killed driver by the run's snapshot in the next one; each judged
 bit-exact.
 
-CI runs a lost node and a drain notice on the correct job; the broken jobs and the other faults are
-the full run's (docs/ci.md)."""
+CI runs a lost node, a drain notice and one node's notice in KubeRay's mode on the correct job; the
+broken jobs and the other faults are the full run's (docs/ci.md)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ def train_job(script: str = "ray_train_trainer"):
 @pytest.fixture(scope="module")
 def train_runner(tmp_path_factory):
     """One session on one local cluster for the module: two worker nodes of one CPU, so each Train
-    worker (one CPU) runs on a node of its own."""
+    worker (one CPU) runs on a node of its own, each draining for 10 s on a SIGTERM (KubeRay's mode)."""
     runs = tmp_path_factory.mktemp("ray-train-runs")
-    with LocalRayCluster(workers=2, cpus=1) as cluster, ChaosRunner(ROOT, workdir=runs) as runner:
+    with LocalRayCluster(workers=2, cpus=1, drain_timeout=10) as cluster, ChaosRunner(ROOT, workdir=runs) as runner:
         runner.use_ray_cluster(cluster)
         yield runner
 
@@ -96,11 +96,12 @@ def test_a_restore_that_skips_the_data_position_is_named(train_runner):
         train_runner.check(train_job("broken_ray_train_data_position"), "kill-rank1@9")
 
 
-def notice_job(script: str = "ray_train_trainer"):
+def notice_job(script: str = "ray_train_trainer", steps: int = 16):
     """The job with steps that outlast a notice (pyproject's ray-train-notice: 16 of half a second,
     checkpointed after the last only, a grace window of 10 s): only a checkpoint the notice prompted
-    keeps the steps before it."""
-    command = ("python", str(FIXTURES / f"{script}.py"), *NOTICE_JOB.command[2:])
+    keeps the steps before it. More ``steps``: a run that must not finish inside the window."""
+    arguments = [str(steps) if a == "16" else a for a in NOTICE_JOB.command[2:]]
+    command = ("python", str(FIXTURES / f"{script}.py"), *arguments)
     return replace(NOTICE_JOB, command=command, name=script.replace("_", "-"))
 
 
@@ -122,6 +123,59 @@ def test_a_drain_notice_gets_a_just_in_time_checkpoint_and_ray_train_restores_it
     (resume,) = [e for e in second.of_kind("resume") if e.get("rank") == 0]
     assert resume["from_step"] == 2, resume  # the just-in-time checkpoint (no periodic one before the last)
     assert len(first.placement["removed"]) == 2, first.placement  # both workers' nodes, at the deadline
+    assert not no_process_left(train_runner)
+
+
+@pytest.mark.full  # CI drains one node in KubeRay's mode (below): the same fault, the node's ray start signalled
+def test_one_nodes_notice_drains_only_that_node_and_ray_train_restores_the_group(train_runner):
+    """drain-node1: a spot reclaim of one VM, the node running rank 1, drained alone (deadline 10
+    s). Every rank reads the same PreemptionInfo (rank 1's node), the loop checkpoints on it, and
+    at the deadline that node goes and Ray Train restarts the whole group from the checkpoint."""
+    run, verdict = train_runner.run(notice_job(), Plan.parse("drain-node1@2"))
+    assert verdict.passed, verdict.message()
+    first, second = run.attempts[:2]
+    fault = first.fault
+    assert fault.fault == "drain-node1" and fault.held and not fault.grace_exceeded, fault
+    assert fault.detail.count("drained: drain accepted") == 1 and "(rank 1)" in fault.detail, fault
+    assert first.launch == second.launch == 0 and second.group_restart == 1, (first.launch, second.launch)
+    (grace,) = verdict.grace
+    assert grace.ok and grace.checkpoint_step == 2, grace
+    (resume,) = [e for e in second.of_kind("resume") if e.get("rank") == 0]
+    assert resume["from_step"] == 2, resume
+    assert len(first.placement["removed"]) == 1, first.placement  # rank 1's node only
+    assert not no_process_left(train_runner)
+
+
+def test_a_kuberay_reclaim_signals_the_nodes_ray_start_and_ray_train_restores_the_group(train_runner):
+    """notice = "kuberay": the kubelet's SIGTERM reaches the reclaimed pod's `ray start` only, which
+    in Ray 2.60 drains its node for preemption for its drain timeout (10 s on this cluster; the
+    job's 60 s of grace are not what it gets) and then ends it. The job is not signalled: the loop
+    learns of it from get_preemption_info(), checkpoints, and Ray Train restores the group."""
+    job = replace(notice_job(), notice="kuberay", grace_seconds=60)
+    run, verdict = train_runner.run(job, Plan.parse("drain-node1@2"))
+    assert verdict.passed, verdict.message()
+    first, second = run.attempts[:2]
+    fault = first.fault
+    assert "sent SIGTERM: it drains for 10 s" in fault.detail and "KubeRay's drain timeout" in fault.detail, fault
+    assert fault.grace_seconds == 10 and fault.held and not fault.grace_exceeded, fault
+    assert not [e for e in first.of_kind("notice") if e.get("signal")], "a process of the job was signalled"
+    (grace,) = verdict.grace
+    assert grace.ok and grace.checkpoint_step == 2, grace
+    (resume,) = [e for e in second.of_kind("resume") if e.get("rank") == 0]
+    assert resume["from_step"] == 2, resume
+    assert len(first.placement["removed"]) == 1, first.placement
+    assert not no_process_left(train_runner)
+
+
+@pytest.mark.full  # CI gates the correct job under one node's notice
+def test_a_loop_that_checkpoints_only_for_rank_0s_node_fails_one_nodes_notice(train_runner):
+    """A job-wide notice drains rank 0's node too, so the bug hides; one node's notice shows it."""
+    job = notice_job("broken_ray_train_rank0_node_only", steps=32)  # 16 s: past the window of a notice at step 2
+    assert train_runner.check(job, "sigterm@2").passed
+    with pytest.raises(ChaosFailure) as failure:
+        train_runner.check(job, "drain-node1@2")
+    text = str(failure.value)
+    assert "no checkpoint at or after step 2 after drain-node1 after step 2 (attempt 0) before the grace" in text, text
     assert not no_process_left(train_runner)
 
 
@@ -185,11 +239,25 @@ def test_the_driver_joins_the_cluster_and_hands_its_workers_the_probes_variables
         ({"nnodes": 2}, r"nnodes: a Ray Train job's workers are placed by Ray"),
         ({"log": LogSpec(pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)")}, r"log: a Ray Train job reports per rank"),
         ({"storage": "s3"}, r"storage: a Ray Train job's checkpoints are its run's storage_path"),
+        ({"notice": "k8s"}, r"notice: must be one of drain, kuberay, got 'k8s'"),
     ],
 )
 def test_a_ray_train_job_refuses_what_its_driver_cannot_be(changes, message):
     with pytest.raises(ConfigError, match=message):
         replace(TRAIN_JOB, **changes)
+
+
+@pytest.mark.unit
+def test_the_kuberay_notice_is_a_ray_train_jobs_and_the_drain_timeout_a_clusters(tmp_path):
+    with pytest.raises(ConfigError, match=r'notice: "kuberay" is the notice of a Ray Train job .* plan sigkill'):
+        replace(JOBS["reference-ray"], notice="kuberay")
+    assert replace(TRAIN_JOB, notice="kuberay").notice == "kuberay"
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[tool.spotchaos.ray]\ndrain_timeout_seconds = 12\n")
+    assert load_settings(pyproject).ray.drain_timeout_seconds == 12.0
+    pyproject.write_text("[tool.spotchaos.ray]\ndrain_timeout_seconds = -1\n")
+    with pytest.raises(ConfigError, match=r"drain_timeout_seconds: must be a number of seconds in \(0, 3600\]"):
+        load_settings(pyproject)
 
 
 @pytest.mark.unit

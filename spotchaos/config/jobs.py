@@ -110,6 +110,11 @@ class JobSpec:
     # these resources (num_cpus, num_gpus, custom ones); "subprocess": a local process group
     backend: str = "subprocess"
     ray_resources: tuple[tuple[str, float], ...] = ()
+    # how a notice reaches a Ray Train job's nodes: "drain" (the GCS drains them for preemption with
+    # the grace window as deadline, as an autoscaler does) or "kuberay" (SIGTERM to the node's own
+    # `ray start`, as the kubelet sends a reclaimed pod: Ray drains it for its drain timeout, then
+    # ends it; the job is not signalled, and its window is the cluster's drain_timeout_seconds)
+    notice: str = "drain"
     # a local Python job's attempts fork from one interpreter that imported ``preload`` once (false: cold)
     warm: bool = True
     preload: tuple[str, ...] | None = None  # None: torch, where the job's Python has it
@@ -218,6 +223,7 @@ class JobSpec:
             )
         if self.launcher == "ray-train":
             _check_ray_train(self)
+        _check_notice(self)
         if self.launcher == "torchrun" and self.container is not None:
             raise ConfigError(
                 f"{self.where('launcher')}: torchrun jobs run as local processes for now; a container's torchrun "
@@ -350,6 +356,7 @@ class Settings:
         raise ConfigError(f"no service {name!r} in [tool.spotchaos.services] (declared: {known})")
 
 
+NOTICE_MODES = ("drain", "kuberay")
 _NUMBER_KEYS = (
     "grace_seconds",
     "start_timeout_seconds",
@@ -388,6 +395,18 @@ def _check_ray_train(job: JobSpec) -> None:
         raise ConfigError(
             f"{job.where('storage')}: a Ray Train job's checkpoints are its run's storage_path on a folder "
             "every node sees; the harness's S3 credentials are not handed to Train workers"
+        )
+
+
+def _check_notice(job: JobSpec) -> None:
+    """How a notice reaches the job: "kuberay" only where KubeRay gives one at all (Ray Train)."""
+    if job.notice not in NOTICE_MODES:
+        raise ConfigError(f"{job.where('notice')}: must be one of {', '.join(NOTICE_MODES)}, got {job.notice!r}")
+    if job.notice == "kuberay" and job.launcher != "ray-train":
+        raise ConfigError(
+            f'{job.where("notice")}: "kuberay" is the notice of a Ray Train job (launcher = "ray-train"): a '
+            "reclaimed KubeRay pod signals its `ray start` only, so any other job on it gets no notice at all "
+            "and dies with its worker at the drain's deadline; plan sigkill for that"
         )
 
 
@@ -493,6 +512,7 @@ _PLAIN_KEYS = (
     "gpus",
     "framework",
     "backend",
+    "notice",
 )
 _PARSED_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "mtbf": ("mtbf_seconds", _mtbf),
@@ -579,10 +599,20 @@ class RaySettings:
     cpus_per_worker: float = 1
     gpus_per_worker: float = 0  # declared as resources: Ray hands them out, nvidia-smi need not agree
     resources_per_worker: tuple[tuple[str, float], ...] = ()
+    # RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of the local cluster's worker nodes: how long a `ray start`
+    # that gets SIGTERM drains its node before it ends it (Ray's default 30 s; KubeRay tunes it)
+    drain_timeout_seconds: float = 30.0
 
 
 def _ray_settings(table: Any, where: str) -> RaySettings:
-    known = {"address", "workers", "cpus_per_worker", "gpus_per_worker", "resources_per_worker"}
+    known = {
+        "address",
+        "workers",
+        "cpus_per_worker",
+        "gpus_per_worker",
+        "resources_per_worker",
+        "drain_timeout_seconds",
+    }
     table = only_known(table, where, known, "a table (address, workers, cpus_per_worker, ...)")
     address = table.get("address")
     if address is not None and (not isinstance(address, str) or not address):
@@ -593,7 +623,10 @@ def _ray_settings(table: Any, where: str) -> RaySettings:
     for key in ("cpus_per_worker", "gpus_per_worker"):
         _check_number(table.get(key, 0), f"{where}.{key}", "an amount", -1e-12, 1024)
     resources = _ray_resources(table.get("resources_per_worker", {}), f"{where}.resources_per_worker")
+    drain = table.get("drain_timeout_seconds", 30.0)
+    _check_number(drain, f"{where}.drain_timeout_seconds", "a number of seconds", 0, 3600)
     return RaySettings(
+        drain_timeout_seconds=float(drain),
         address=address,
         workers=workers,
         cpus_per_worker=table.get("cpus_per_worker", 1),

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from ..backends.base import Handle
 from .checkpoint import CHECKPOINT_FAULTS, CheckpointSet, Damage
-from .ranks import HangRank, KillRank, LoseNode, rank_fault
+from .ranks import DrainNode, HangRank, KillRank, LoseNode, rank_fault
 from .signals import CloudNotice, CrashPoint, HardKill, Notice, Rerun
 
 
@@ -39,9 +39,14 @@ class _Preemptions(dict):
             raise KeyError(name)
         return fault
 
+    def get(self, name: object, default: PreemptionFault | None = None) -> PreemptionFault | None:
+        """As ``[]``: dict.get never calls ``__getitem__``, so without this every rank fault read
+        as unknown (the step hold was never armed for ``kill-rank1``, ``lose-node1``...)."""
+        return self[name] if isinstance(name, str) and name in self else default
+
     def __iter__(self):  # the names shown as known: the fixed ones, and the rank faults' patterns
         yield from super().__iter__()
-        yield from ("kill-rankN", "hang-rankN", "lose-nodeN")
+        yield from ("kill-rankN", "hang-rankN", "lose-nodeN", "drain-nodeN")
 
 
 PREEMPTIONS: dict[str, PreemptionFault] = _Preemptions(
@@ -62,6 +67,7 @@ __all__ = [
     "CloudNotice",
     "CrashPoint",
     "Damage",
+    "DrainNode",
     "HangRank",
     "HardKill",
     "KillRank",

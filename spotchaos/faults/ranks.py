@@ -1,9 +1,10 @@
 """Faults that reach one rank or one node of a torchrun job, not the job as a whole.
 
-Named with their target (``kill-rank1``, ``hang-rank1``, ``lose-node1``, ``crash-rank1``) so that a
-plan says which: ``kill-rank1@5``. The job runs on after each of them (torchrun's agent restarts
-the group or exits; the harness names a hung rank and ends the job; the other nodes notice the
-loss), so the engine keeps watching for hangs instead of waiting for an exit.
+Named with their target (``kill-rank1``, ``hang-rank1``, ``lose-node1``, ``drain-node1``,
+``crash-rank1``) so that a plan says which: ``kill-rank1@5``. The job runs on after each of them
+(torchrun's agent restarts the group or exits; the harness names a hung rank and ends the job; the
+other nodes notice the loss), so the engine keeps watching for hangs instead of waiting for an
+exit; a node's notice is the exception: it has its grace window.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import ClassVar
 from ..backends.base import Handle
 from ..errors import JobError
 
-NAMES = re.compile(r"(kill-rank|hang-rank|lose-node|crash-rank)(\d{1,3})")
+NAMES = re.compile(r"(kill-rank|hang-rank|lose-node|drain-node|crash-rank)(\d{1,3})")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,28 @@ class LoseNode(TargetedFault):
         handle.lose_node(self.target)
 
 
+class DrainNode(TargetedFault):
+    """One node's reclaim notice: a spot reclaim takes one VM, not the job. The node's processes
+    get the notice and the grace window; at the window's end the node goes. The ranks elsewhere
+    hear nothing from the provider, so a job that checkpoints on a notice must agree on it across
+    ranks (one all-reduce of the flag a step) or its noticed ranks save alone and the rest run on.
+    Judged like the job-wide notice: a checkpoint at or after the notice's step before the window
+    ended, and a bit-exact resume from it."""
+
+    kind = "drain-node"
+    graceful: ClassVar[bool] = True
+    continues: ClassVar[bool] = False  # the grace window, not hang detection, applies until it ends
+    # at the window's end the node goes, and a job that cannot go on without it with it: judged by
+    # the checkpoint it took in the window, not by whether every node's process had exited
+    reclaims: ClassVar[bool] = True
+
+    def deliver(self, handle) -> None:
+        drain = getattr(handle, "drain_node", None)
+        if drain is None:
+            raise JobError(f"{self.name}: {handle.launcher} jobs have no node to drain")
+        drain(self.target)
+
+
 class CrashRank(TargetedFault):
     """A crash point armed in one rank only (``crash-rank1@N``: rank 1 dies before its N-th
     file-system event under the checkpoint directory), in the first run of its worker group:
@@ -93,7 +116,7 @@ class CrashRank(TargetedFault):
         pass
 
 
-KINDS = {fault.kind: fault for fault in (KillRank, HangRank, LoseNode, CrashRank)}
+KINDS = {fault.kind: fault for fault in (KillRank, HangRank, LoseNode, DrainNode, CrashRank)}
 
 
 def rank_fault(name: str) -> TargetedFault | None:

@@ -317,6 +317,14 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
             f"the group's nodes (its newest checkpoint: {max(newest) if newest else 'none'}): every step since "
             "was trained again"
         )
+    if g.fault.startswith("drain-node"):  # the window's end took the node and the job with it
+        return (
+            f"no checkpoint at or after step {g.signal_step} after {signal}, one node's notice that only that "
+            f"node's ranks received, before the grace window's end took the node (its newest checkpoint: "
+            f"{max(newest) if newest else 'none'}): every step since was trained again — do the ranks agree on a "
+            "notice (one all-reduce of the flag a step)? A rank that saves alone waits in a collective the others "
+            "never join"
+        )
     if g.exit_code != 0:
         return (
             f"the job exited with status {g.exit_code} {g.exit_seconds or 0:.2f} s after {signal} instead of "

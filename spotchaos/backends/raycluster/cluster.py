@@ -25,6 +25,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,7 @@ from ...host.processes import descendants, describe, end, start_time, sweep
 # keeps its own settings.
 AUTH_TOKEN_FILE = "auth_token"
 INHERITED_TOKEN = "RAY_AUTH_TOKEN"
+DRAIN_TIMEOUT_VARIABLE = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"  # read by a node's `ray start` (Ray 2.60)
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -140,6 +142,9 @@ class RayNode:
     drained: bool = False
     busy: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, start) of its daemons
+    # (pid, start) of every process of it when its `ray start` was sent SIGTERM: what its exit may
+    # leave behind (workers re-parented once it is gone), ended with the node
+    terminated: list[tuple[int, int | None]] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {"node": self.name, "node_id": self.node_id, "resources": self.resources}
@@ -223,6 +228,10 @@ class RayCluster(abc.ABC):
     def remove(self, node: RayNode) -> str:
         """The node gone (a local cluster) or kept (the user's); what happened, for the report."""
 
+    def terminate_node(self, node: RayNode) -> str:
+        """SIGTERM to the node's ``ray start`` (a KubeRay pod reclaimed): the harness's own nodes only."""
+        raise BackendError(f"node {node.name} is the user's: the harness signals no `ray start` of it")
+
     def lost(self, node: RayNode) -> None:
         """``node`` died on its own (Ray counts it dead): never placed on again."""
         with self._changed:
@@ -247,10 +256,19 @@ class LocalRayCluster(RayCluster):
     """A head and ``workers`` worker nodes on this machine, each a ``ray start --block`` process of
     this one (its environment given whole: loopback only), started, replaced and ended here."""
 
-    def __init__(self, workers: int = 2, cpus: float = 1, gpus: float = 0, resources: dict | None = None) -> None:
+    def __init__(
+        self,
+        workers: int = 2,
+        cpus: float = 1,
+        gpus: float = 0,
+        resources: dict | None = None,
+        *,
+        drain_timeout: float = 30.0,
+    ) -> None:
         super().__init__()
         self.local = True
         self.workers = workers
+        self.drain_timeout = drain_timeout  # each worker node's RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
         self.cpus, self.gpus, self.resources = cpus, gpus, dict(resources or {})
         self._temp_dir: str | None = None
         self._ray_dir = ""  # Ray's --temp-dir, inside _temp_dir
@@ -322,8 +340,10 @@ class LocalRayCluster(RayCluster):
         """The cluster's own folder (sessions, logs, sockets); gone once it is closed."""
         return self._temp_dir
 
-    def _ray_start(self, name: str, args: list[str]) -> subprocess.Popen:
-        env = with_auth({**os.environ, **LOOPBACK_ENV, "RAY_TMPDIR": self._ray_dir}, self._auth_env)
+    def _ray_start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        env = with_auth(
+            {**os.environ, **LOOPBACK_ENV, "RAY_TMPDIR": self._ray_dir, **(extra_env or {})}, self._auth_env
+        )
         env[MARKER_VARIABLE] = self._marker
         ray_cli = [sys.executable, "-m", "spotchaos.backends.raycluster.node_main"]  # loopback only: see there
         # each node's agents on ports of its own: Ray's fixed defaults would collide on one machine
@@ -392,6 +412,7 @@ class LocalRayCluster(RayCluster):
                 f"--num-gpus={self.gpus:g}",
                 f"--resources={resources}",
             ],
+            {DRAIN_TIMEOUT_VARIABLE: f"{self.drain_timeout:g}"},
         )
 
     def _register(self, name: str, marker: str, timeout: float) -> RayNode:
@@ -425,6 +446,7 @@ class LocalRayCluster(RayCluster):
             self._changed.notify_all()
         starter = self._starters.pop(node.name, None)
         pids = descendants(starter.pid) if starter is not None else []
+        pids += [pid for pid, started in node.terminated if pid not in pids and start_time(pid) == started]
         end(pids)
         if starter is not None:
             starter.wait()
@@ -439,6 +461,20 @@ class LocalRayCluster(RayCluster):
     def lost(self, node: RayNode) -> None:
         """A node of ours that died on its own: what is left of it ended, a replacement started."""
         self.remove(node)
+
+    def terminate_node(self, node: RayNode) -> str:
+        """SIGTERM to the node's own ``ray start --block``, as the kubelet sends a reclaimed KubeRay
+        pod's PID 1: Ray 2.60's handler drains the node for preemption (deadline: its drain timeout)
+        and waits until it is idle or the deadline, then ends every process of it and exits 1. No
+        process of the job is signalled; what is left at the deadline is :meth:`remove`'s."""
+        starter = self._starters.get(node.name)
+        if starter is None or starter.poll() is not None:
+            return f"node {node.name}'s ray start had already exited"
+        node.terminated = [(pid, start_time(pid)) for pid in descendants(starter.pid)]
+        starter.send_signal(signal.SIGTERM)
+        with self._changed:
+            node.drained = True
+        return f"ray start of node {node.name} (pid {starter.pid}) sent SIGTERM: it drains for {self.drain_timeout:g} s"
 
     def _replace(self, name: str, marker: str) -> None:
         """Start and register a replacement, one at a time: two ``ray start`` at once on one
@@ -548,4 +584,10 @@ def cluster_for(settings: Any, address: str | None) -> RayCluster:
     address = address or ray.address
     if address:
         return RemoteRayCluster(address)
-    return LocalRayCluster(ray.workers, ray.cpus_per_worker, ray.gpus_per_worker, dict(ray.resources_per_worker))
+    return LocalRayCluster(
+        ray.workers,
+        ray.cpus_per_worker,
+        ray.gpus_per_worker,
+        dict(ray.resources_per_worker),
+        drain_timeout=ray.drain_timeout_seconds,
+    )

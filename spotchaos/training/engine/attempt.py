@@ -387,8 +387,13 @@ def _arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOption
         return None
     target = getattr(fault, "target", None)  # a rank's fault holds that rank; a node's, its first rank
     rank = 0 if target is None else target
-    if preemption.fault.startswith("lose-node") and job.launcher == "torchrun":  # Ray Train's: rank r's node
+    node_fault = preemption.fault.startswith(("lose-node", "drain-node"))
+    if node_fault and job.launcher == "torchrun":  # Ray Train's: rank r's node
         rank = target * job.nproc_per_node
+    if preemption.fault.startswith("drain-node") and job.launcher == "ray-train":
+        # every rank reads the drain through get_preemption_info(), which is rank 0's answer
+        # broadcast (Ray 2.60): held anywhere else, rank 0 would already have answered None
+        rank = 0
     # the job's side gives up after half the silence the harness allows, so a hold never reads as a hang
     # a container's numeric user gets the hold's FIFOs as its own (else they stay the harness's)
     owner = job.container.uid if job.container is not None else None

@@ -125,7 +125,10 @@ class AttemptWatch:
             observed_step=self.last_step,
             delivered_at=now - self.started,
             delivered_wall=time.time(),
-            grace_seconds=self.job.grace_seconds if fault.graceful else None,
+            # the window the notice gave: the job's grace, or the launcher's own (KubeRay's drain timeout)
+            grace_seconds=getattr(self.handle, "notice_window_seconds", self.job.grace_seconds)
+            if fault.graceful
+            else None,
             detail=getattr(self.handle, "delivery_note", ""),  # what the notice met on its way in
         )
         if self.hold is not None:  # a notice a launcher passes on (torchrun's agent, Ray Train's watcher) comes later
@@ -203,14 +206,22 @@ class AttemptWatch:
         SIGKILLed; one whose launcher outlives its nodes (a Ray Train driver, whose workers' nodes
         were drained) loses the nodes and runs on, and the watch goes on as after any other fault
         the job survives."""
+        assert self.fault is not None
+        if self.reclaimed:
+            return  # the nodes went at the window's end already
         reclaim = getattr(self.handle, "reclaim", None)
-        if reclaim is None:
-            assert self.fault is not None
-            self.fault.grace_exceeded = True
-            self.handle.kill()
-        elif not self.reclaimed:
+        if reclaim is not None:
             self.reclaimed = True
             reclaim()
+        elif getattr(PREEMPTIONS[self.fault.fault], "reclaims", False):
+            # one node's window is over: its VM goes, and the torchrun job, whose other agents cannot
+            # finish without it (they wait in torchrun's exit barrier), ends with it
+            self.reclaimed = True
+            self.fault.detail += "; the grace window's end took the node, and the job with it"
+            self.handle.kill()
+        else:
+            self.fault.grace_exceeded = True
+            self.handle.kill()
 
     def _rank_silence_limit(self) -> float:
         """How long a torchrun job may be silent: hang_timeout_seconds while ranks run; while none

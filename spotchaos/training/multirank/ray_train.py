@@ -117,17 +117,47 @@ class RayTrainHandle(RankedHandle):
                 "workers' nodes, which only a local cluster of the harness's may have done to it; on the user's "
                 "cluster plan sigkill (the driver and its run gone) or kill-rank<r> (one Train worker)"
             )
-        grace = float(self.job.grace_seconds or 30.0)
+        self._drain(sorted(self.ranks))
+
+    def drain_node(self, index: int) -> None:
+        """``drain-node<r>``: the node that runs rank ``r`` drained for preemption, alone, with the
+        grace window as its deadline (one spot VM reclaimed); removed at the deadline. The ranks on
+        other nodes hear of it only from the loop's own agreement (``get_preemption_info()`` names
+        the drained ranks, on every rank)."""
+        if not self.cluster.local:
+            raise JobError(
+                f"job {self.job.name!r}: drain-node{index} drains a node, which only a local cluster of the "
+                "harness's may have done to it; on the user's cluster plan kill-rank<r> (one Train worker)"
+            )
+        self._drain([index])
+
+    @property
+    def notice_window_seconds(self) -> float:
+        """The window a notice gives: the grace window, which the drain's deadline is; under
+        ``notice = "kuberay"`` the nodes' own drain timeout (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S),
+        which is what a reclaimed KubeRay pod's ``ray start`` drains for, whatever the cloud gives."""
+        if self.job.notice == "kuberay":
+            return float(getattr(self.cluster, "drain_timeout", 30.0))
+        return float(self.job.grace_seconds or 30.0)
+
+    def _drain(self, ranks: list[int]) -> None:
+        """Every node running one of ``ranks`` drained for preemption: by the GCS with the grace
+        window as deadline, or (``notice = "kuberay"``) by its own ``ray start`` on SIGTERM."""
+        grace = self.notice_window_seconds
         hosting: dict[str, tuple[RayNode, list[int]]] = {}
-        for rank in sorted(self.ranks):
+        for rank in ranks:
             node = self.node_of_rank(rank)
             hosting.setdefault(node.node_id, (node, []))[1].append(rank)
         notes = []
-        for node, ranks in hosting.values():
-            answer = self.cluster.drain(node, grace)
+        for node, on_it in hosting.values():
+            if self.job.notice == "kuberay":
+                answer = self.cluster.terminate_node(node)
+            else:
+                answer = self.cluster.drain(node, grace)
             self.drained.append(node)
-            notes.append(f"Ray node {node.name} (rank {', '.join(map(str, ranks))}) drained: {answer}")
-        self.delivery_note = f"{'; '.join(notes)}; deadline in {grace:g} s (preemption)"
+            notes.append(f"Ray node {node.name} (rank {', '.join(map(str, on_it))}) drained: {answer}")
+        how = "KubeRay's drain timeout" if self.job.notice == "kuberay" else "preemption"
+        self.delivery_note = f"{'; '.join(notes)}; deadline in {grace:g} s ({how})"
 
     def reclaim(self) -> None:
         """The drain's deadline: the drained nodes go, every process of them at once, as the cloud

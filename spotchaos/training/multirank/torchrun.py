@@ -164,6 +164,17 @@ class TorchrunHandle(RankedHandle):
         listed = ", ".join(map(str, ended)) or "none found"
         self.delivery_note = f"node {index} lost (its agent and workers SIGKILLed: pids {listed})"
 
+    def drain_node(self, index: int) -> None:
+        """``drain-node<n>``: node ``n``'s reclaim notice, alone: SIGTERM to its agent, which
+        forwards it to its ranks; the other nodes get nothing. At the grace window's end what is
+        left of the job is SIGKILLed, as the VM goes and its peers fail without it."""
+        if not 0 <= index < len(self.nodes):
+            raise JobError(f"job {self.job.name!r}: drain-node{index} names no node (nnodes = {self.job.nnodes})")
+        self.nodes[index].handle.notify(signal.SIGTERM, whole_group=False)
+        self.delivery_note = (
+            f"node {index}'s agent (pid {self.nodes[index].handle.pid}) sent SIGTERM; no other node was"
+        )
+
     def _end_node(self, node: LaunchedNode) -> list[int]:
         """The agent and every process under it at once: ranks it forked carry the run's marker
         but not the node's (they were never exec'd with it), so they are found as its descendants,
