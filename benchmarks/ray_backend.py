@@ -1,12 +1,12 @@
 """The Ray backend against the subprocess backend, measured in one run: the same search (same seed,
 so the same plans) on the reference trainer as a subprocess one plan at a time, on a local Ray
-cluster of 1 worker node (one at a time) and of 2 (two at a time, one per node), the wall time of
-each and the parallel efficiency of 2 nodes (1-node wall / (2 x 2-node wall)); and the per-attempt
-overhead of Ray: an uninterrupted run's wall time on a Ray node against a subprocess (median of
-``--repeats``). Every search must record the same plans with the same verdicts, or the figures mean
-nothing: it says so and exits 1.
+cluster of 1 worker node (one at a time) and of N (N at a time, one per node: ``--nodes 1 2 3``),
+the wall time of each and the parallel efficiency of N nodes (1-node wall / (N x N-node wall)); and
+the per-attempt overhead of Ray: an uninterrupted run's wall time on a Ray node against a subprocess
+(median of ``--repeats``). Every search must record the same plans with the same verdicts, or the
+figures mean nothing: it says so and exits 1.
 
-    .venv/bin/python benchmarks/ray_backend.py [--plans 6] [--repeats 3]
+    .venv/bin/python benchmarks/ray_backend.py [--plans 6] [--repeats 3] [--nodes 1 2 3]
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plans", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 3], help="worker-node counts (1 first)")
     args = parser.parse_args()
+    if args.nodes[0] != 1:
+        parser.error("--nodes: start with 1, the serial search every efficiency is measured against")
     job = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == "reference")
     on_ray = replace(job, name="reference-ray", backend="ray")
     rows: dict[str, dict] = {}
@@ -50,7 +53,7 @@ def main() -> None:
             base = uninterrupted(session, job, args.repeats)
             wall, runs, _ = search(session, job, args.plans, 1)
             rows["subprocess"] = {"seconds": round(wall, 2), "attempt_seconds": round(base, 2), "runs": runs}
-        for workers in (1, 2):
+        for workers in args.nodes:
             started = time.monotonic()
             with LocalRayCluster(workers=workers) as cluster, Session(ROOT, workdir=Path(work) / f"ray{workers}") as s:
                 up = time.monotonic() - started
@@ -63,21 +66,25 @@ def main() -> None:
                 if attempt is not None:
                     rows[f"ray-{workers}"]["attempt_seconds"] = round(attempt, 2)
     same = all(row["runs"] == rows["subprocess"]["runs"] for row in rows.values())
-    sub, one, two = rows["subprocess"], rows["ray-1"], rows["ray-2"]
+    sub, one = rows["subprocess"], rows["ray-1"]
     print(f"{len(sub['runs'])} plans ({os.cpu_count()} CPUs); same plans and verdicts everywhere: {same}")
     print(f"  subprocess, one at a time:   {sub['seconds']:.1f} s")
     print(
         f"  Ray, 1 worker node:          {one['seconds']:.1f} s ({one['seconds'] / sub['seconds']:.2f}x the subprocess)"
     )
-    efficiency = one["seconds"] / (2 * two["seconds"])
-    print(f"  Ray, 2 worker nodes, 2 at once: {two['seconds']:.1f} s (speed-up {one['seconds'] / two['seconds']:.2f}x "
-          f"over 1 node, parallel efficiency {efficiency:.2f})")  # fmt: skip
+    efficiencies = {}
+    for workers in args.nodes[1:]:
+        row = rows[f"ray-{workers}"]
+        efficiencies[f"efficiency_{workers}_nodes"] = round(one["seconds"] / (workers * row["seconds"]), 2)
+        print(f"  Ray, {workers} worker nodes, {workers} at once: {row['seconds']:.1f} s (speed-up "
+              f"{one['seconds'] / row['seconds']:.2f}x over 1 node, parallel efficiency "
+              f"{efficiencies[f'efficiency_{workers}_nodes']:.2f})")  # fmt: skip
     overhead = one["attempt_seconds"] / sub["attempt_seconds"]
     print(f"  an uninterrupted attempt: {sub['attempt_seconds']:.2f} s as a subprocess, {one['attempt_seconds']:.2f} s "
           f"on a Ray node ({overhead:.2f}x; cluster start {one['cluster_start_seconds']:.1f} s, once)")  # fmt: skip
     for row in rows.values():
         row.pop("runs")
-    print(json.dumps({"plans": args.plans, "same_plans_and_verdicts": same, "efficiency_2_nodes": round(efficiency, 2),
+    print(json.dumps({"plans": args.plans, "same_plans_and_verdicts": same, **efficiencies,
                       "attempt_overhead_ratio": round(overhead, 2), **rows}))  # fmt: skip
     sys.exit(0 if same else 1)
 
