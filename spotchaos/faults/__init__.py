@@ -42,7 +42,10 @@ class _Preemptions(dict):
     def get(self, name: object, default: PreemptionFault | None = None) -> PreemptionFault | None:
         """As ``[]``: dict.get never calls ``__getitem__``, so without this every rank fault read
         as unknown (the step hold was never armed for ``kill-rank1``, ``lose-node1``...)."""
-        return self[name] if isinstance(name, str) and name in self else default
+        try:
+            return self[name]  # type: ignore[index]
+        except (KeyError, TypeError):
+            return default
 
     def __iter__(self):  # the names shown as known: the fixed ones, and the rank faults' patterns
         yield from super().__iter__()

@@ -94,10 +94,7 @@ class DrainNode(TargetedFault):
     reclaims: ClassVar[bool] = True
 
     def deliver(self, handle) -> None:
-        drain = getattr(handle, "drain_node", None)
-        if drain is None:
-            raise JobError(f"{self.name}: {handle.launcher} jobs have no node to drain")
-        drain(self.target)
+        handle.drain_node(self.target)
 
 
 class CrashRank(TargetedFault):

@@ -97,6 +97,10 @@ class RankedHandle(abc.ABC):
     def lose_node(self, index: int) -> None:
         """``lose-node<index>``: every process of one node gone at once; each launcher's own."""
 
+    @abc.abstractmethod
+    def drain_node(self, index: int) -> None:
+        """``drain-node<index>``: one node's reclaim notice, the others told nothing; each launcher's own."""
+
     def describe_hang(self) -> str:
         """Which rank hangs: a stopped one, else one behind the others, else every rank waiting."""
         states = {rank: _state(p.pid) for rank, p in sorted(self.ranks.items()) if start_time(p.pid) == p.started}
