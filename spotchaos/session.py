@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .backends import SubprocessBackend
 from .backends.docker import DockerBackend, DockerSession
 from .config.container import ContainerSpec
 from .config.jobs import JobSpec, load_settings
@@ -188,6 +189,11 @@ class SessionCore:
             return RayBackend(self.ray_cluster(), job.ray_needs(), float(job.grace_seconds or 30.0))
         return None if job.container is None else self.docker_backend(job.container)
 
+    def local_backend(self, job: JobSpec) -> Any:
+        """The job's backend, and for a local job this session's own subprocess backend with its
+        warm interpreters: what reads the job's checkpoints in its confinement forks from them too."""
+        return self.backend(job) or SubprocessBackend(warm=self.warm_starts)
+
     def use_ray_cluster(self, cluster: Any) -> None:
         """Run this session's Ray jobs on ``cluster`` (an open RayCluster whose life the caller owns)."""
         self._ray = cluster
@@ -328,7 +334,7 @@ class SessionCore:
             reference,
             record,
             envelope=self.envelope(job),
-            backend=lambda: self.backend(job),
+            backend=lambda: self.local_backend(job),
             root=self.root,
             leaked=lambda: self.leaks(job, record),
             noise=lambda: _state_noise(self, job),
@@ -470,7 +476,7 @@ def _state_noise(core: SessionCore, job: JobSpec) -> StateDifference | None:
             record = core.execute(job, Plan(), core.next_dir(f"{job.name}-uninterrupted2"), keep_checkpoints="all")
             reference = core.reference(job)
             core.cache[key] = state_difference(
-                job, reference, record, lambda: core.backend(job), core.root, uninterrupted=True
+                job, reference, record, lambda: core.local_backend(job), core.root, uninterrupted=True
             )
             core.discard(record)
         return core.cache[key]

@@ -267,6 +267,38 @@ def test_a_gate_runs_its_attempts_warm_and_its_reference_cold_and_off_means_cold
     assert optional.preload == ("torch", "?deepspeed")  # "?name": imported only where it imports
 
 
+def test_the_state_diff_reads_a_jobs_pickles_in_a_child_of_its_warm_interpreter(folder):
+    """A checkpoint only a full unpickle reads (numpy's RNG state: a Trainer's ``rng_state.pth``) is
+    compared in the job's confinement; forked from the job's warm interpreter, as its attempts are,
+    that costs a fork instead of a cold ``import torch`` for every file of every resumed run."""
+    import numpy
+    import torch
+
+    from spotchaos.backends import SubprocessBackend
+    from spotchaos.training.judgement import confined_reader
+    from spotchaos.training.state.kept import kept_dir
+
+    runs = {}
+    for name, seed in (("reference", 1), ("chaos", 2)):
+        run = folder / name
+        run.mkdir()
+        kept_dir(run).mkdir()
+        state = {"numpy": numpy.random.RandomState(seed).get_state(), "step": 5}
+        torch.save(state, kept_dir(run) / "rng_state.pth")
+        runs[name] = run
+    job = job_from_mapping("pickles", {"command": [sys.executable, "who.py"], "preload": ["torch"]}, "test")
+    files = [kept_dir(runs[name]) / "rng_state.pth" for name in ("reference", "chaos")]
+    with WarmStarts(live=LiveJobs(folder / "live")) as pool:
+        reader = confined_reader(job, SubprocessBackend(warm=pool), folder, runs["reference"], runs["chaos"])
+        first, again = reader.diff(*files, 10), reader.diff(files[0], files[0], 10)
+    assert [d["entry"] for d in first["differences"]] == ["numpy.1"], first  # the RNG's keys, not its name
+    assert again == {"differences": [], "more": 0}
+    assert reader.start_kinds == ["warm", "warm"], reader.start_kinds
+    (folder / "cold").mkdir()  # a run folder of its own: a helper's answer file is never written twice
+    cold = confined_reader(job, SubprocessBackend(), folder, runs["reference"], folder / "cold")
+    assert cold.diff(*files, 10) == first and cold.start_kinds == ["cold"]  # no warm interpreter: the same answer
+
+
 def test_the_report_reads_torchs_cuda_build_without_importing_torch():
     from spotchaos.report.document import cuda_of
 

@@ -8,6 +8,7 @@ is one step of the composition, in the order the report reads it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 
 from ..backends import SubprocessBackend
 from ..config.jobs import JobSpec
+from ..probe import ENV_RUN_ID
 from .determinism import Envelope
+from .engine.warmth import may_start_warm, preload_of, start_environment
 from .frameworks import framework_of, state_diff_ignore
 from .multirank.rank_verdict import add_rank_verdicts
 from .multirank.torchrun import published_before_ranks, published_without_metadata
@@ -113,6 +116,25 @@ def compares_state(job: JobSpec) -> bool:
     return job.state_diff if job.state_diff is not None else job.launcher == "python"
 
 
+def confined_reader(job: JobSpec, backend: Any, root: Path, reference: Path, run: Path) -> ConfinedLoader:
+    """What reads ``job``'s checkpoints where only its own code may (a full unpickle), for the
+    state diff of ``run`` against ``reference`` (the two runs' folders): forked from the job's warm
+    interpreter where its attempts are, so a comparison costs a fork, not a cold ``import torch``."""
+    start_env = start_environment(backend, job)
+    warm = may_start_warm(job, backend)
+    return ConfinedLoader(
+        backend,
+        in_container=job.container is not None,
+        env={**start_env, ENV_RUN_ID: uuid.uuid4().hex[:12]},  # a process of its own, marked as a run id is
+        cwd=root / job.cwd if job.cwd else root,
+        folder=run,
+        writable=(run,),
+        readable=(kept_dir(reference), kept_dir(run)),
+        start_env=start_env if warm else None,
+        preload=preload_of(job) if warm else (),
+    )
+
+
 def state_difference(
     job: JobSpec,
     reference: RunRecord,
@@ -126,16 +148,7 @@ def state_difference(
     ``uninterrupted``: ``run`` is a second uninterrupted run, whose own checkpoints are compared."""
     if not compares_state(job) or (len(run.attempts) < 2 and not uninterrupted):
         return None
-    chosen = backend() or SubprocessBackend()
-    confined = ConfinedLoader(
-        chosen,
-        in_container=job.container is not None,
-        env={**chosen.inherited_environment(), **job.environment()},
-        cwd=root / job.cwd if job.cwd else root,
-        folder=Path(run.workdir),
-        writable=(Path(run.workdir),),
-        readable=(kept_dir(reference.workdir), kept_dir(run.workdir)),
-    )
+    confined = confined_reader(job, backend() or SubprocessBackend(), root, Path(reference.workdir), Path(run.workdir))
     return compare_kept(
         kept_dir(reference.workdir),
         kept_dir(run.workdir),

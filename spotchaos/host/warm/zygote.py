@@ -27,6 +27,7 @@ child ends. End of the harness's socket ends this process.
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -200,6 +201,10 @@ def main() -> None:
     control.send(json.dumps({"refused": reason} if reason else {"ready": os.getpid()}).encode())
     if reason:
         return
+    # what was imported stays out of every child's collections: a collection or the teardown at a
+    # child's exit would otherwise write to each preloaded object and copy its page (a forked
+    # child with torch exited in 0.6 s here, frozen in 0.2 s, a cold process in 0.1 s)
+    gc.freeze()
     request, fds = _serve(control)
     del control
     _become(request, fds)

@@ -43,6 +43,7 @@ from .hold import (
 )
 from .landing import settle
 from .options import CHECKPOINT_PLACEHOLDER, CRASHPOINT_DIR, FINAL_TENSORS, FS_EVENTS, EngineOptions
+from .warmth import may_start_warm, preload_of, start_environment
 from .watch import AttemptWatch
 
 TAIL_BYTES = 4000
@@ -135,7 +136,7 @@ class AttemptRun:
             self.scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
             # fd-based: links inside are removed, never followed
             resources.callback(shutil.rmtree, self.scratch, ignore_errors=True)
-        env = {**self.backend.inherited_environment(), **job.environment(), "PYTHONUNBUFFERED": "1"}
+        env = start_environment(self.backend, job)
         # what the job's interpreter may start with before this attempt's own variables: a warm one
         self.start_env = dict(env) if self._may_start_warm() else None
         self.hooked = self.crash_at is not None or options.trace_fs or (self.hold is not None and job.log is not None)
@@ -176,18 +177,9 @@ class AttemptRun:
         return env
 
     def _may_start_warm(self) -> bool:
-        """A local Python job's attempt, or torchrun's agents of a local multi-rank one (``python
-        -m torch.distributed.run``: its ranks are its own processes, started cold), in a session
-        that keeps warm interpreters (the reference run starts cold: its string-hash seed and
-        imports are a fresh process's, as in production)."""
-        job = self.job
-        return (
-            self.options.warm is not None
-            and job.warm
-            and job.container is None
-            and job.launcher in ("python", "torchrun")
-            and self.backend.name == "subprocess"
-        )
+        """Where ``may_start_warm`` allows, in a session that keeps warm interpreters; the reference
+        run starts cold: its string-hash seed and imports are a fresh process's, as in production."""
+        return self.options.warm is not None and may_start_warm(self.job, self.backend)
 
     def _crash_environment(self) -> dict[str, str]:
         """A crash point armed, or every file-system event under the checkpoint folder traced."""
@@ -216,7 +208,7 @@ class AttemptRun:
             readable=(CRASHPOINT_DIR, PROBE_FILE) if self.hooked else (),
             gpus=self.lease.devices if self.lease is not None else (),
             start_env=self.start_env,
-            preload=_preload(self.job),
+            preload=preload_of(self.job),
         )
 
     def _reader(self, spec: LaunchSpec, env: dict[str, str]) -> EventReader | LogEventReader:
@@ -235,7 +227,7 @@ class AttemptRun:
             folder=self.folder,
             writable=spec.writable,
             start_env=self.start_env,
-            preload=_preload(job),
+            preload=preload_of(job),
         )
         latency = getattr(self.backend, "log_latency_seconds", 0.0)  # the backend's own: a container's lines come late
         return LogEventReader(log_path, job.log, self.checkpoints, job.name, confined, self.options.convention, latency)
@@ -447,34 +439,12 @@ def settle_landing(
         fault.held_seconds = max(0.0, end - step_t) if step_t is not None else None
 
 
-DEFAULT_PRELOAD = ("?torch", "?torch._dynamo")
-# what a job declared to train with imports on each start, lazily included (``from transformers
-# import Trainer`` loads transformers.trainer): 1.5-3 s an attempt here, paid once instead
-FRAMEWORK_PRELOAD = {
-    "transformers": ("?transformers", "?transformers.trainer"),
-    "lightning": ("?lightning.pytorch",),
-    "accelerate": ("?accelerate",),
-}
-
-
 def _start_seconds(watch: AttemptWatch) -> float | None:
     """Launch to the job's first step: the imports, the model and data built, a checkpoint
     restored (an integration that says "start" when its callback is made would have them all
     count as training); launch to its first event where it never stepped (killed while loading)."""
     ended = watch.first_step_at or watch.first_event_at
     return None if ended is None else ended - watch.started
-
-
-def _preload(job: JobSpec) -> tuple[str, ...]:
-    """What the job's warm interpreter imports first: the job's list, else torch, its compiler stack
-    and the job's declared framework where they import ("?": a module the interpreter skips when
-    it does not, instead of refusing to start warm). Why the compiler stack: a torch optimizer imports ``torch._dynamo``
-    when the first one is built (sympy, fx, ...: 1.2-1.9 s here), so without it each warm attempt
-    still paid most of a second import; with it, the reference trainer's attempt runs its first
-    step 0.15 s after the fork."""
-    if job.preload is not None:
-        return job.preload
-    return (*DEFAULT_PRELOAD, *FRAMEWORK_PRELOAD.get(job.framework or "", ()))
 
 
 def _start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> Handle:

@@ -97,6 +97,7 @@ class ConfinedLoader:
         self.writable = writable
         self.readable = readable  # mounted read-only for the helper (the kept checkpoints it compares)
         self.runs = 0
+        self.start_kinds: list[str] = []  # each helper's start, "warm" or "cold: why"
 
     def __call__(self, path: Path, step_key: str | None, final_key: str | None) -> dict[str, Any]:
         return _validated(*self._run(LOADER, (str(path), step_key or "", final_key or "")), path)
@@ -136,6 +137,7 @@ class ConfinedLoader:
             preload=self.preload,
         )
         handle = self.backend.start(spec)
+        self.start_kinds.append(getattr(handle, "start_kind", "cold"))
         try:
             code = handle.wait(CONFINED_TIMEOUT_SECONDS)
         finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -75,4 +76,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # its answer written, nothing is left to finalize: leave without the interpreter's teardown, which
+    # in a child forked from the job's warm interpreter touches every preloaded object (0.2-0.6 s)
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -287,4 +288,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # its answer written, nothing is left to finalize: leave without the interpreter's teardown, which
+    # in a child forked from the job's warm interpreter touches every preloaded object (0.2-0.6 s)
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
