@@ -2,7 +2,7 @@
 "transformers[torch]"`` (the Trainer needs accelerate), a training script with its one integration
 line, a job table of three keys, and ``pytest --spotchaos`` collects every built-in scenario for it
 from the installed package, with no file of this repository copied beside it, and runs the notice
-scenario (the other seven run on the same script in the main job's second command and in
+scenario (the other seven run on the same script in the main job (scenarios/test_framework_jobs.py) and in
 tests/test_frameworks.py: CI's time goes to what only this test can show)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ BUILTIN = {  # every scenario that ships in spotchaos/scenarios, on the one decl
 }
 
 
-@pytest.mark.full  # the main job's second command runs hf-trainer in a fresh venv; CI: test_core_install's fresh venv
+@pytest.mark.full  # the main job runs hf-trainer in a fresh venv; CI: test_core_install's fresh venv
 def test_a_trainer_job_in_a_fresh_venv_collects_every_built_in_scenario_and_passes_a_notice(tmp_path):
     """Collected: all eight; run and passed: the notice, then a bit-exact resume."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_STEP_SUMMARY", "CI")}

@@ -1,0 +1,31 @@
+"""The built-in scenarios (preemptions, damaged checkpoints, budgets) on the bundled jobs written
+from the frameworks' tutorials and on the reference trainer's data-loader variants: the Hugging
+Face Trainer, Lightning, accelerate, the reference trainer with DataLoader workers and the one
+whose data position is torchdata's ``StatefulDataLoader``. One file of the main job, so one
+``pytest -n 3 --spotchaos scenarios`` balances them with every other family's scenarios across its
+workers (they were a second command, run after the first). CI runs a subset of each
+(tests/test_frameworks.py, tests/test_stateful_loader.py), so these are the main job's (``full``).
+
+On a job of your own: ``pytest --spotchaos --spotchaos-job NAME`` runs the same built-in scenarios.
+"""
+
+import pytest
+
+from spotchaos.scenarios.test_budgets import (  # noqa: F401
+    test_checkpoint_overhead_within_budget,
+    test_notice_flush_fits_half_the_grace_window,
+)
+from spotchaos.scenarios.test_checkpoint_damage import (  # noqa: F401
+    test_crash_inside_a_checkpoint_save_leaves_a_loadable_checkpoint,
+    test_crash_while_loading_on_resume_then_resume_again,
+    test_damaged_newest_checkpoint_rolls_back,
+)
+from spotchaos.scenarios.test_preemption import (  # noqa: F401
+    test_chained_preemptions_are_bit_exact,
+    test_hard_kill_then_resume_is_bit_exact,
+    test_notice_then_resume_is_bit_exact,
+)
+
+JOBS = ["hf-trainer", "lightning", "accelerate", "reference-workers", "stateful-loader"]
+
+pytestmark = [pytest.mark.spotchaos(jobs=JOBS), pytest.mark.full]
