@@ -602,6 +602,11 @@ class RaySettings:
     # RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of the local cluster's worker nodes: how long a `ray start`
     # that gets SIGTERM drains its node before it ends it (Ray's default 30 s; KubeRay tunes it)
     drain_timeout_seconds: float = 30.0
+    # each attempt's folder relayed through its node's agent ("auto": where the nodes are other hosts,
+    # or the local cluster's have folders of their own); a shared folder the runs may live in
+    relay: str = "auto"
+    shared_folder: str | None = None
+    separate_node_folders: bool = False  # the local cluster's worker nodes share no folder with the harness
 
 
 def _ray_settings(table: Any, where: str) -> RaySettings:
@@ -612,6 +617,9 @@ def _ray_settings(table: Any, where: str) -> RaySettings:
         "gpus_per_worker",
         "resources_per_worker",
         "drain_timeout_seconds",
+        "relay",
+        "shared_folder",
+        "separate_node_folders",
     }
     table = only_known(table, where, known, "a table (address, workers, cpus_per_worker, ...)")
     address = table.get("address")
@@ -625,7 +633,19 @@ def _ray_settings(table: Any, where: str) -> RaySettings:
     resources = _ray_resources(table.get("resources_per_worker", {}), f"{where}.resources_per_worker")
     drain = table.get("drain_timeout_seconds", 30.0)
     _check_number(drain, f"{where}.drain_timeout_seconds", "a number of seconds", 0, 3600)
+    relay = table.get("relay", "auto")
+    if relay not in ("auto", "on", "off"):
+        raise ConfigError(f'{where}.relay: must be "auto", "on" or "off", got {relay!r}')
+    shared = table.get("shared_folder")
+    if shared is not None and (not isinstance(shared, str) or not shared.startswith("/")):
+        raise ConfigError(f"{where}.shared_folder: must be an absolute path every node mounts, got {shared!r}")
+    separate = table.get("separate_node_folders", False)
+    if not isinstance(separate, bool):
+        raise ConfigError(f"{where}.separate_node_folders: must be true or false, got {separate!r}")
     return RaySettings(
+        relay=relay,
+        shared_folder=shared,
+        separate_node_folders=separate,
         drain_timeout_seconds=float(drain),
         address=address,
         workers=workers,

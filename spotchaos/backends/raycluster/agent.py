@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ...host.processes import group_members
 from ...safety.safefs import create_new
+from .relay import NodeFolder
 
 PR_SET_PDEATHSIG = 1
 
@@ -42,6 +43,7 @@ class JobAgent:
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
         self._logs: list = []
+        self._node_folder: NodeFolder | None = None  # the attempt's folder on this node, when relayed
 
     def _record_exit(self, folder: Path) -> None:
         """Wait for the job here, on its node, and write its exit status the moment it exits: the
@@ -54,10 +56,19 @@ class JobAgent:
         with contextlib.suppress(OSError), create_new(folder / EXIT_FILE) as file:
             file.write(f"{status}\n".encode())
 
-    def start(self, argv: list[str], env: dict[str, str], cwd: str, stdout_path: str, stderr_path: str) -> dict:
-        """Start the job; who it is (pid, start time) and where (node, worker pid)."""
+    def start(
+        self, argv: list[str], env: dict[str, str], cwd: str, stdout_path: str, stderr_path: str, relay: bool = False
+    ) -> dict:
+        """Start the job; who it is (pid, start time) and where (node, worker pid). ``relay``: the
+        node does not share the harness's files: the attempt's folder is one of this node's own,
+        pulled by the harness (``relay.py``)."""
         import ray  # on the node, inside the actor: the node's own Ray
 
+        if relay:
+            self._node_folder = NodeFolder(str(Path(stdout_path).parent))
+            env = self._node_folder.localize(env)
+            stdout_path = self._node_folder.local_path(stdout_path)
+            stderr_path = self._node_folder.local_path(stderr_path)
         self._logs = [create_new(Path(stdout_path)), create_new(Path(stderr_path))]
         gpu_ids = ray.get_gpu_ids()
         if gpu_ids:  # the GPUs Ray assigned this actor: the job sees those and no other
@@ -88,7 +99,16 @@ class JobAgent:
             "node_id": context.get_node_id(),
             "worker_pid": os.getpid(),
             "gpus": [str(g) for g in gpu_ids],
+            "folder": self._node_folder.path if self._node_folder is not None else None,
         }
+
+    def relay_pull(self, offsets: dict[str, int]) -> dict:
+        """What grew in the attempt's folder on this node since ``offsets`` (``NodeFolder.pull``)."""
+        return self._node_folder.pull(offsets) if self._node_folder is not None else {"files": {}, "held": {}}
+
+    def relay_release(self, relative: str, count: int) -> None:
+        if self._node_folder is not None:
+            self._node_folder.release(relative, count)
 
     def notify(self, signum: int, whole_group: bool) -> None:
         if self._process is None:
@@ -130,3 +150,8 @@ class JobAgent:
         for log in self._logs:
             log.close()
         return self.survivors()
+
+    def forget_folder(self) -> None:
+        """The harness has pulled the attempt's folder for the last time: it goes from the node."""
+        if self._node_folder is not None:
+            self._node_folder.close()

@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError
+from ...probe import ENV_CHECKPOINT_URI
+from ...safety.safefs import create_new
 from ..base import LaunchSpec
 from .cluster import RayCluster, RayNode
+from .relay import HOLD_VARIABLES, Relay
 
 NODE_TRIES = 3  # nodes an attempt is started on before a node dead at its start is the attempt's error
 
@@ -34,7 +37,9 @@ NODE_TRIES = 3  # nodes an attempt is started on before a node dead at its start
 class RayHandle:
     """One attempt on one Ray node."""
 
-    def __init__(self, backend: RayBackend, node: RayNode, actor: Any, started: dict, folder: Path) -> None:
+    def __init__(
+        self, backend: RayBackend, node: RayNode, actor: Any, started: dict, folder: Path, relay: Relay | None = None
+    ) -> None:
         self._backend = backend
         self._ray = backend.cluster.ray
         self.node = node
@@ -47,6 +52,9 @@ class RayHandle:
         self._folder = folder  # the attempt's folder: the actor writes the job's exit status there
         self._cleaned = False
         self._lock = threading.Lock()
+        self.relay = relay  # the attempt's folder pulled from the node's own, where it has one
+        if relay is not None:
+            self.placement["node_folder"] = started.get("folder")
 
     @property
     def pid(self) -> int:
@@ -82,8 +90,14 @@ class RayHandle:
             self._gone = True
         with contextlib.suppress(Exception):  # the node may be half gone already; removal ends the rest
             self._call("kill", timeout=10)
+        self._last_pull()  # what the node's folder holds goes with it: what the job wrote to the end, first
         self.placement["fault"] = self._backend.cluster.remove(self.node)
         self._backend.cluster.release_node(self.node)
+
+    def _last_pull(self) -> None:
+        if self.relay is not None:
+            self.relay.stop()
+            self.placement["relayed_bytes"] = self.relay.relayed_bytes
 
     def end_processes(self) -> None:
         """SIGKILL the job's processes on the node and keep the node (the end of an attempt, not a fault)."""
@@ -103,6 +117,9 @@ class RayHandle:
             self._exit = self._call("wait", float(timeout), timeout=timeout + 30)
         except Exception:  # the actor died with its node
             return self._wait_local(timeout)
+        if self._exit is not None and self.relay is not None:
+            with contextlib.suppress(Exception):  # what the job wrote to its end, here before its exit is read
+                self.relay.pull_once()
         return self._exit
 
     def _wait_local(self, timeout: float) -> int | None:
@@ -154,6 +171,9 @@ class RayHandle:
         if not self._gone:
             try:
                 left = list(self._call("cleanup", timeout=60))
+                self._last_pull()
+                with contextlib.suppress(Exception):
+                    self._call("forget_folder", timeout=30)
             finally:
                 self._ray.kill(self._actor, no_restart=True)
                 if self.node.drained:  # the reclaimed VM goes once its job has ended: a new one replaces it
@@ -163,6 +183,7 @@ class RayHandle:
         else:
             from ...host.processes import end, group_members
 
+            self._last_pull()
             if self._backend.cluster.local:
                 end(group_members(self._pid))
         self._backend.last_node = self.node.node_id
@@ -181,6 +202,7 @@ class RayBackend:
         self.cluster = cluster
         self.needs = {k: float(v) for k, v in (resources or {}).items()}
         self.grace_seconds = grace_seconds
+        self.relay = bool(getattr(cluster, "relays", False))  # its nodes do not share the harness's files
         self.last_node: str | None = None
         self._environment = dict(os.environ)
 
@@ -189,6 +211,8 @@ class RayBackend:
 
     def start(self, spec: LaunchSpec) -> RayHandle:
         self.grace_seconds = spec.grace_seconds
+        if self.relay:
+            self._check_shared(spec)
         tries = NODE_TRIES
         while True:
             node = self.cluster.take_node(self.needs, avoid=self.last_node, timeout=300)
@@ -201,6 +225,23 @@ class RayBackend:
                 # the node died before the job started (a replacement that never became healthy on
                 # a loaded machine): not the job's doing; its processes go with it, another is tried
                 self.cluster.lost(node)
+
+    def _check_shared(self, spec: LaunchSpec) -> None:
+        """Checkpoints where every node sees them, or one clear error: a folder of this machine
+        is not there on another host, and a job that cannot find its checkpoint starts over."""
+        uri = spec.env.get(ENV_CHECKPOINT_URI, "")
+        if not uri.startswith("file://"):
+            return  # the harness's S3, or no checkpoint folder of the harness's
+        path = Path(uri[len("file://") :])
+        shared = getattr(self.cluster, "shared_folder", None)
+        if shared is not None and path.resolve().is_relative_to(Path(shared).resolve()):
+            return
+        raise BackendError(
+            f"the job's checkpoints would be in {path}, a folder of this machine, and the Ray cluster's "
+            "nodes do not share this machine's files: give the job storage = \"s3\" (the harness's S3), or "
+            "name a folder every node mounts at the same path in [tool.spotchaos.ray] shared_folder and put "
+            "the runs inside it (--spotchaos-output=<that folder>/...)"
+        )
 
     def _start_on(self, node: RayNode, spec: LaunchSpec) -> RayHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -224,7 +265,7 @@ class RayBackend:
             )
             started = ray.get(
                 actor.start.remote(
-                    list(spec.argv), spec.env, str(spec.cwd), str(spec.stdout_path), str(spec.stderr_path)
+                    list(spec.argv), spec.env, str(spec.cwd), str(spec.stdout_path), str(spec.stderr_path), self.relay
                 ),
                 timeout=120,
             )
@@ -237,4 +278,19 @@ class RayBackend:
             ray.kill(actor, no_restart=True)
             self.cluster.release_node(node)
             raise BackendError(started["error"])
-        return RayHandle(self, node, actor, started, spec.stdout_path.parent)
+        folder = spec.stdout_path.parent
+        relay = None
+        if self.relay:  # the harness's copies of what the job writes on its node, pulled from there
+            for path in (spec.stdout_path, spec.stderr_path):
+                create_new(path).close()
+            holds = tuple(
+                str(Path(spec.env[name]).relative_to(folder))
+                for name in HOLD_VARIABLES
+                if name in spec.env and Path(spec.env[name]).is_relative_to(folder)
+            )
+            relay = Relay(
+                lambda method, *args, timeout=30: ray.get(getattr(actor, method).remote(*args), timeout=timeout),
+                folder,
+                holds,
+            ).start()
+        return RayHandle(self, node, actor, started, folder, relay)

@@ -159,6 +159,15 @@ class RayCluster(abc.ABC):
         self._changed = threading.Condition()
         self.local = False
         self.train_singletons_owned = False  # Ray Train's cluster-wide actor made by the harness (train.py)
+        # its nodes do not share the harness's files (other hosts, or the local cluster's nodes given
+        # folders of their own): each attempt's folder is relayed through its agent (relay.py)
+        self.relays = False
+        self.relay_setting = "auto"  # [tool.spotchaos.ray] relay: "on" or "off" overrides what the nodes show
+        self.shared_folder: str | None = None  # a folder every node mounts at the same path, if declared
+
+    def _decide_relay(self, apart: bool) -> None:
+        """Relay the attempts' folders where the nodes are ``apart`` from this machine's files, or as told."""
+        self.relays = {"on": True, "off": False}.get(self.relay_setting, apart)
 
     # -- placement -------------------------------------------------------------------------
     def take_node(self, needs: dict[str, float], avoid: str | None, timeout: float) -> RayNode:
@@ -264,9 +273,13 @@ class LocalRayCluster(RayCluster):
         resources: dict | None = None,
         *,
         drain_timeout: float = 30.0,
+        separate_folders: bool = False,
     ) -> None:
         super().__init__()
         self.local = True
+        # each worker node with a temporary folder of its own (TMPDIR), none of them the harness's,
+        # and the attempts' folders relayed: a cluster of hosts that share no folder, on one machine
+        self.separate_folders = separate_folders
         self.workers = workers
         self.drain_timeout = drain_timeout  # each worker node's RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
         self.cpus, self.gpus, self.resources = cpus, gpus, dict(resources or {})
@@ -288,6 +301,7 @@ class LocalRayCluster(RayCluster):
         self._client_env = contextlib.ExitStack()
 
     def __enter__(self) -> LocalRayCluster:
+        self._decide_relay(self.separate_folders)
         self.ray = import_ray()
         if self.ray.is_initialized():
             raise BackendError("this process already drives a Ray cluster (one Ray driver per process): close it first")
@@ -404,6 +418,10 @@ class LocalRayCluster(RayCluster):
 
     def _launch_worker(self, name: str, marker: str) -> None:
         resources = json.dumps({**self.resources, marker: 1})
+        own: dict[str, str] = {DRAIN_TIMEOUT_VARIABLE: f"{self.drain_timeout:g}"}
+        if self.separate_folders:
+            own["TMPDIR"] = os.path.join(str(self._temp_dir), "nodes", name)
+            os.makedirs(own["TMPDIR"], mode=0o700)
         self._ray_start(
             name,
             [
@@ -412,7 +430,7 @@ class LocalRayCluster(RayCluster):
                 f"--num-gpus={self.gpus:g}",
                 f"--resources={resources}",
             ],
-            {DRAIN_TIMEOUT_VARIABLE: f"{self.drain_timeout:g}"},
+            own,
         )
 
     def _register(self, name: str, marker: str, timeout: float) -> RayNode:
@@ -553,6 +571,9 @@ class RemoteRayCluster(RayCluster):
             raise BackendError("this process already drives a Ray cluster (one Ray driver per process): close it first")
         self.ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
         self._gcs = self.ray.get_runtime_context().gcs_address
+        hosts = {str(info.get("NodeManagerAddress", "")) for info in self.ray.nodes() if info.get("Alive")}
+        # nodes on other hosts share none of this machine's folders, unless told: relayed
+        self._decide_relay(not hosts <= {"127.0.0.1", "localhost", self._gcs.rsplit(":", 1)[0]})
         for info in self.ray.nodes():
             if info.get("Alive") and info["Resources"].get("CPU", 0) > 0:
                 node_id = info["NodeID"]
@@ -583,11 +604,16 @@ def cluster_for(settings: Any, address: str | None) -> RayCluster:
     ray = settings or RaySettings()
     address = address or ray.address
     if address:
-        return RemoteRayCluster(address)
-    return LocalRayCluster(
-        ray.workers,
-        ray.cpus_per_worker,
-        ray.gpus_per_worker,
-        dict(ray.resources_per_worker),
-        drain_timeout=ray.drain_timeout_seconds,
-    )
+        cluster: RayCluster = RemoteRayCluster(address)
+    else:
+        cluster = LocalRayCluster(
+            ray.workers,
+            ray.cpus_per_worker,
+            ray.gpus_per_worker,
+            dict(ray.resources_per_worker),
+            drain_timeout=ray.drain_timeout_seconds,
+            separate_folders=ray.separate_node_folders,
+        )
+    cluster.shared_folder = ray.shared_folder
+    cluster.relay_setting = ray.relay
+    return cluster
