@@ -105,12 +105,14 @@ def apart_runner(tmp_path_factory):
         yield runner
 
 
-def test_on_nodes_that_share_no_folder_a_held_fault_lands_on_its_step(apart_runner):
+def test_on_nodes_that_share_no_folder_held_faults_land_on_their_steps(apart_runner):
+    """A notice (the node drained, SIGTERM, the job's checkpoint and exit 0 relayed) and a kill (the
+    node removed after one last pull), each held at its step on a node whose folder is its own."""
     job = replace(trainer_job("reference_trainer", name="relayed-s3"), backend="ray", storage="s3", grace_seconds=20)
-    run, verdict = apart_runner.run(job, Plan.parse("sigkill@6"))
+    run, verdict = apart_runner.run(job, Plan.parse("sigterm@5,sigkill@10"))
     assert verdict.passed, verdict.message()
-    fault = run.faults[0]
-    assert (fault.held, fault.landed_step, fault.steps_late) == (True, 6, 0), fault
+    assert [(f.held, f.landed_step, f.steps_late) for f in run.faults] == [(True, 5, 0), (True, 10, 0)], run.faults
+    assert [a.exit_code for a in run.attempts[:2]] == [0, -9]  # the notice's exit read as the job exited
     cluster = apart_runner.ray_cluster()
     nodes_folder = Path(str(cluster.temp_dir)) / "nodes"
     for attempt in run.attempts:
@@ -119,8 +121,8 @@ def test_on_nodes_that_share_no_folder_a_held_fault_lands_on_its_step(apart_runn
         assert placement["relayed_bytes"] > 0, placement
         steps = [e for e in attempt.events if e["event"] == "step"]
         assert steps, "the harness has the job's events only through the relay"
-    resumed = [e["from_step"] for e in run.attempts[1].events if e["event"] == "resume"]
-    assert resumed == [3]  # its checkpoint after step 3, in the harness's S3
+    resumed = [e["from_step"] for a in run.attempts[1:] for e in a.events if e["event"] == "resume"]
+    assert resumed == [5, 7]  # the notice's checkpoint, then the one after step 7, both in the harness's S3
 
 
 def test_a_local_checkpoint_folder_on_nodes_that_share_none_is_one_clear_error(apart_runner):
