@@ -3,6 +3,8 @@ message each, and no process of its group survives."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from spotchaos.config.jobs import JobSpec
@@ -75,6 +77,24 @@ def test_bad_job_gives_one_clear_message_and_leaves_nothing_running(tmp_path, sc
     with pytest.raises(JobError, match=message):
         run(tmp_path, script(PRELUDE + body), **timeouts)
     assert_group_gone(tmp_path)
+
+
+def test_a_job_that_never_started_names_a_torch_extension_build_lock_it_may_wait_on(tmp_path):
+    """torch's C++ extension build (DeepSpeed's CPU op) killed midway leaves a ``lock`` that every
+    later start waits on forever, before its first event: a job that never started says so."""
+    extensions = tmp_path / "extensions"
+    (extensions / "py311_cpu" / "deepspeed_shm_comm").mkdir(parents=True)
+    job = JobSpec(name="bad", command=(sys.executable, "-c", "import time; time.sleep(60)"), start_timeout_seconds=1.5,
+                  env=(("TORCH_EXTENSIONS_DIR", str(extensions)),))  # fmt: skip
+    with pytest.raises(JobError) as error:
+        run_job(job, Plan(), tmp_path / "run", EngineOptions(root=ROOT))
+    assert "build lock" not in str(error.value)  # none there: nothing said
+    (extensions / "py311_cpu" / "deepspeed_shm_comm" / "lock").touch()
+    with pytest.raises(JobError, match=r"never started: no event within 1\.5 s") as error:
+        run_job(job, Plan(), tmp_path / "run2", EngineOptions(root=ROOT))
+    lock = extensions / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    assert f"A torch extension build lock is there: {lock} (0 min old)" in str(error.value), str(error.value)
+    assert lock.exists()  # named, never removed: the harness cannot tell it from a build that runs
 
 
 def test_missing_working_directory_is_named(tmp_path):

@@ -4,6 +4,7 @@ hangs, never starts or outlives its grace window ends in one line naming which."
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from ...errors import JobError
 from ...faults import PREEMPTIONS
 from ...faults.notices import MetadataNotice
 from ...faults.plan import Preemption
+from ...host.extension_locks import build_lock_note
 from ..events import EventReader
 from ..logadapter import LogEventReader
 from ..trajectory import FaultRecord
@@ -168,11 +170,13 @@ class AttemptWatch:
                     f"rendezvous or init_process_group holds back all {self.job.world_size} (nnodes = "
                     f"{self.job.nnodes}, nproc_per_node = {self.job.nproc_per_node}); does each create a "
                     "spotchaos.probe.Probe and call start()?"
+                    + build_lock_note({**os.environ, **self.job.environment()})
                 )
             if now - self.started > self.job.start_timeout_seconds:
                 raise JobError(
                     f"job {self.job.name!r} never started: no event within {self.job.start_timeout_seconds:g} s "
                     f"(start_timeout_seconds). Does the trainer create a spotchaos.probe.Probe and call start()?"
+                    + build_lock_note({**os.environ, **self.job.environment()})
                 )
         elif self.job.multi_rank:  # silence is judged by whether ranks run, never by event_timeout
             if now - self.last_event_at <= self._rank_silence_limit():
