@@ -167,6 +167,23 @@ def test_a_manifest_fault_on_a_one_file_checkpoint_is_not_applied_and_touches_no
     assert [f.read_bytes() for f in files] == [bytes(range(256))] * 2
 
 
+@pytest.mark.unit
+def test_swap_older_swaps_in_an_earlier_steps_checkpoint_never_a_second_copy_of_the_newest(tmp_path):
+    """The main job on a fresh clone: Lightning reports each step's checkpoint twice (its named file
+    and ``last.ckpt``, the same bytes), ``swap-older`` put ``last.ckpt`` under the newest one's name,
+    which changed nothing, and the resume from it was judged a silent bad load."""
+    older, last, newest = (tmp_path / name for name in ("epoch=0-step=6.ckpt", "last.ckpt", "epoch=1-step=12.ckpt"))
+    older.write_bytes(b"step 5")
+    for path in (last, newest):
+        path.write_bytes(b"step 11")
+    reported = [(older, 5), (last, 5), (last, 11), (newest, 11)]  # last.ckpt first seen with step 5, as Lightning does
+    attempts = [Attempt(0, -9, 1.0, None, events=[_checkpoint_event(f, s) for f, s in reported])]
+    damage = damage_newest("swap-older", 0.5, attempts, tmp_path)
+    assert damage.applied and damage.detail == f"content of {older.name}", damage
+    assert newest.read_bytes() == b"step 5" and last.read_bytes() == b"step 11"
+    assert (damage.damaged_step, damage.expected_resume) == (11, 11)  # last.ckpt, intact, may be resumed from
+
+
 def _checkpoint_event(path, step):
     return {"event": "checkpoint", "step": step, "t": 0.0, "rank": 0, "uri": path.as_uri()}
 

@@ -57,7 +57,10 @@ def damage_newest(fault_name: str, pick: float, attempts: list[Attempt], root: P
     durable = _durable_checkpoints(attempts, root)
     if not durable:
         return Damage(fault_name, "", applied=False, detail="no durable checkpoint yet")
-    checkpoints = CheckpointSet(tuple(path for _, path in durable), root)
+    # the previous checkpoint is one of an earlier step: a second copy of the newest step (Lightning's
+    # last.ckpt beside epoch=E-step=S.ckpt) holds the same bytes, and swapping it in changes nothing
+    newest_step, newest = durable[-1]
+    checkpoints = CheckpointSet((*(path for step, path in durable if step < newest_step), newest), root)
     checkpoints.verify()  # UnsafeCheckpoint: a link or a special file in it, and nothing is touched
     try:
         damage = CHECKPOINT_FAULTS[fault_name].apply(checkpoints, pick)
