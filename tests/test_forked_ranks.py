@@ -25,12 +25,14 @@ import atexit, json, os, random, signal, sys
 import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-print(json.dumps({
+# one write a line (print writes its newline apart, unbuffered): two ranks' lines never interleave
+sys.stdout.write(json.dumps({
     "rank": rank, "pid": os.getpid(), "own_session": os.getsid(0) == os.getpid(), "path0": sys.path[0],
     "argv": sys.argv, "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
     "random": random.random(), "ppid": os.getppid(),
-}))
-atexit.register(lambda: print(f"atexit of rank {rank}"))
+}) + "\\n")
+sys.stdout.flush()
+atexit.register(lambda: sys.stdout.write(f"atexit of rank {rank}\\n"))
 dist.barrier()
 dist.destroy_process_group()
 how = sys.argv[1]
@@ -80,7 +82,7 @@ def test_a_forked_ranks_error_and_exit_status_reach_torchrun_as_a_cold_ranks_wou
     # the script's own frame first (its raise), never this wrapper's or runpy's
     assert trace[:2] == [
         "[rank1]: Traceback (most recent call last):",
-        '[rank1]:   File "rank.py", line 18, in <module>',
+        '[rank1]:   File "rank.py", line 20, in <module>',
     ]
     assert trace[-1] == "[rank1]: RuntimeError: the job's own error on rank 1"
     exited = launch(folder, "exit-3")
