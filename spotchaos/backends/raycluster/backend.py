@@ -234,7 +234,8 @@ class RayBackend:
             return  # the harness's S3, or no checkpoint folder of the harness's
         path = Path(uri[len("file://") :])
         shared = getattr(self.cluster, "shared_folder", None)
-        if shared is not None and path.resolve().is_relative_to(Path(shared).resolve()):
+        # as text, never resolved: a path is judged by what it says, no link of anyone's followed
+        if shared is not None and Path(os.path.abspath(path)).is_relative_to(os.path.abspath(shared)):
             return
         raise BackendError(
             f"the job's checkpoints would be in {path}, a folder of this machine, and the Ray cluster's "

@@ -31,8 +31,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-HOLD_VARIABLES = ("SPOTCHAOS_HOLD_DIR", "SPOTCHAOS_SNAPSHOT_HOLD_DIR")  # probe.ENV_HOLD_DIR, ENV_SNAPSHOT_HOLD_DIR
-HELD, RELEASE = "held", "release"  # probe.HOLD_HELD, HOLD_RELEASE
+from ...probe import ENV_HOLD_DIR, ENV_SNAPSHOT_HOLD_DIR, HOLD_HELD, HOLD_RELEASE
+
+HOLD_VARIABLES = (ENV_HOLD_DIR, ENV_SNAPSHOT_HOLD_DIR)
+HELD, RELEASE = HOLD_HELD, HOLD_RELEASE
 CHUNK_BYTES = 1 << 20  # what one pull carries of one file, at most
 PULL_BYTES = 4 << 20  # what one pull carries in all, at most
 FILES_MAX = 256  # files of one attempt's folder relayed, at most
