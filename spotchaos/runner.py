@@ -79,6 +79,12 @@ class ChaosRunner(SessionCore):
         return crashpoints.save_boundaries(self, job)
 
     @query
+    def save_crash_points(self, job: JobSpec) -> list[Plan]:
+        """A crash plan before each file-system event of one save, from the reference's checkpoint
+        before it where the job takes prefixes (``crash@S+N``), else from step 0 (``crash@N``)."""
+        return crashpoints.save_crash_points(self, job)
+
+    @query
     def resume_boundaries(self, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
         """(the hard kill before it, the reads of a checkpoint load on restart): crash points."""
         return crashpoints.resume_boundaries(self, job)

@@ -63,7 +63,7 @@ def explore(
     # Where every plan passes it draws exactly those; a failure or a rejected plan makes it draw
     # others (shrinking), which run then, one at a time.
     if settings.parallel > 1:
-        search.ahead = _run_ahead(core, job, leading, searching, settings, _Cells.of(reference, settings.max_examples))
+        search.ahead = _run_ahead(core, job, leading, searching, settings, _Cells.of(core, job, settings.max_examples))
     try:
         for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
             search.lead(plan)
@@ -110,31 +110,44 @@ REDRAWS_PER_PLAN = 5  # draws of an already-covered cell set aside, per plan the
 class _Cells:
     """The cells a search has covered (``strategies.plan_cell``): a drawn plan of a covered cell
     is set aside for another draw while the search has passed everything so far and has redraws
-    left, so the plans it runs spread over distinct cells first. After a failure nothing is set
-    aside: hypothesis's shrinking must see every plan it asks for."""
+    left, so the plans it runs spread over distinct cells first; so is a drawn plan of the job's
+    early life once another has run in the session (``Prefixes.claim_early_life``: it would train
+    the whole job again). After a failure nothing is set aside: hypothesis's shrinking must see
+    every plan it asks for."""
 
-    def __init__(self, checkpoints: list[int], epochs: list[int | None], examples: int) -> None:
-        self.checkpoints, self.epochs = checkpoints, epochs
+    def __init__(
+        self,
+        checkpoints: list[int],
+        epochs: list[int | None],
+        examples: int,
+        early_life: Callable[[Plan], bool] = lambda plan: True,
+    ) -> None:
+        self.checkpoints, self.epochs, self.early_life = checkpoints, epochs, early_life
         self.covered: set[object] = set()
         self.redraws = 0
         self.budget = REDRAWS_PER_PLAN * examples
         self.failed = False
 
     def admit(self, plan: Plan, *, drawn: bool = True) -> bool:
-        """Whether to run ``plan`` now (led with, its cell is new, or nothing is set aside any more);
-        if so, it covers its cell."""
+        """Whether to run ``plan`` now (led with, its cell is new and it is not a second plan of the
+        job's early life, or nothing is set aside any more); if so, it covers its cell."""
         cell = plan_cell(plan, self.checkpoints, self.epochs)
-        if drawn and cell in self.covered and not self.failed and self.redraws < self.budget:
+        setting_aside = drawn and not self.failed and self.redraws < self.budget
+        if setting_aside and (cell in self.covered or not self.early_life(plan)):
             self.redraws += 1
             return False
+        if not drawn:
+            self.early_life(plan)  # a plan led with runs whatever it is; if of the early life, it is the job's
         self.covered.add(cell)
         return True
 
     @classmethod
-    def of(cls, reference: RunRecord, examples: int) -> _Cells:
-        """The cells of a search on the job whose uninterrupted run is ``reference``."""
+    def of(cls, core: SessionCore, job: JobSpec, examples: int) -> _Cells:
+        """The cells of a search on ``job``, from its uninterrupted run."""
+        reference = core.reference(job)
         checkpoints = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
-        return cls(checkpoints, [_epoch(s.fingerprints.get("epoch")) for s in reference.steps], examples)
+        epochs = [_epoch(s.fingerprints.get("epoch")) for s in reference.steps]
+        return cls(checkpoints, epochs, examples, lambda plan: core.prefixes.claim_early_life(job, plan, reference))
 
     def figures(self, tried: int) -> dict[str, int]:
         return {"cells_covered": len(self.covered), "plans_run": tried, "draws_set_aside": self.redraws}
@@ -157,7 +170,7 @@ class _Search:
         self.aborted: list[SpotchaosError] = []
         self.tried = 0
         self.ahead: dict[str, tuple[RunRecord, Verdict] | BaseException] = {}
-        self.cells = _Cells.of(core.reference(job), settings.max_examples)
+        self.cells = _Cells.of(core, job, settings.max_examples)
 
     def searching(self, examples: int) -> Callable[[Callable[[Plan], None]], Callable[[], None]]:
         """A hypothesis test of ``examples`` plans around a function of one plan, seeded as asked."""
@@ -212,8 +225,10 @@ class _Search:
         try:
             if isinstance(ran, BaseException):
                 raise ran
-            # the first plan starts from step 0: it keeps the fresh start tested against the reference
-            check(self.core, self.job, plan, ran, prefix=self.tried > 1, reuse=True)
+            # the session's first searched plan of the job starts from step 0 (Prefixes.claim_fresh_start):
+            # it keeps the fresh start tested against the reference; every other plan may start from its checkpoints
+            fresh = ran is None and self.core.prefixes.claim_fresh_start(self.job, plan)
+            check(self.core, self.job, plan, ran, prefix=not fresh, reuse=True)
             self.verdicts[key] = "passed"
         except DamageNotApplied:
             self.verdicts[key] = "reject"
@@ -269,12 +284,14 @@ def _run_ahead(
     stop = threading.Event()  # an error that is no verdict: the plans not started yet never start
     started = time.monotonic()
 
+    fresh = {str(plan): core.prefixes.claim_fresh_start(job, plan) for plan in plans[:1]}  # as the search would
+
     def run(plan: Plan) -> None:
         if stop.is_set():
             return
         begun = time.monotonic()
         try:
-            done[str(plan)] = core.run(job, plan, prefix=plan is not plans[0], reuse=True)  # as the search would
+            done[str(plan)] = core.run(job, plan, prefix=not fresh.get(str(plan)), reuse=True)
         except BaseException as exc:  # raised again where the search reaches the plan
             done[str(plan)] = exc
             if not isinstance(exc, ScenarioFailure):

@@ -106,7 +106,7 @@ def resumes_across_epochs(fault: str, *, twice: bool = False, rerun: bool = Fals
         if ends:
             plans.append(Plan((Preemption(ends[0], fault),)))
         if twice:
-            pair = _two_in_one_epoch(epochs, ends)
+            pair = _two_in_one_epoch(epochs, ends, checkpoints)
             if pair:
                 plans.append(Plan(tuple(Preemption(s, fault) for s in pair)))
         if rerun:
@@ -116,16 +116,23 @@ def resumes_across_epochs(fault: str, *, twice: bool = False, rerun: bool = Fals
     return first
 
 
-def _two_in_one_epoch(epochs: Sequence[int | None], ends: Sequence[int]) -> tuple[int, int] | None:
+def _two_in_one_epoch(
+    epochs: Sequence[int | None], ends: Sequence[int], checkpoints: Sequence[int] = ()
+) -> tuple[int, int] | None:
     """Two steps of one epoch, neither its last, at least two apart: a second resume inside the
-    epoch the first one resumed into."""
+    epoch the first one resumed into. Of the last epoch that has them, the first such pair after a
+    checkpoint where there is one: a later epoch is where a resume's epoch arithmetic shows (an
+    epoch 0 restored as 0 by mistake looks right), and a pair after a checkpoint starts from the
+    reference's copy of it instead of training the job from step 0."""
     by_epoch: dict[object, list[int]] = {}
     for step, epoch in enumerate(epochs[:-1]):
         if step not in ends:
             by_epoch.setdefault(epoch, []).append(step)
-    for steps in by_epoch.values():
-        if len(steps) >= 4:
-            return steps[1], steps[-1]
+    for steps in reversed(list(by_epoch.values())):
+        if len(steps) < 4:
+            continue
+        after = [s for c in sorted(checkpoints, reverse=True) for s in steps if s > c and steps[-1] - s >= 2][:1]
+        return (after[0], steps[-1]) if after else (steps[1], steps[-1])
     return None
 
 
@@ -141,7 +148,7 @@ def plan_cell(plan: Plan, checkpoints: Sequence[int], epochs: Sequence[int | Non
     cells = []
     for p in plan.preemptions:
         if p.fs_event is not None:
-            cells.append(("crash", p.fs_event))
+            cells.append(("crash", p.after_step, p.fs_event))
             continue
         kind = p.fault if p.damage is None else f"{p.fault}:{p.damage}"
         before = max((c for c in checkpoints if c < p.at_step), default=None)

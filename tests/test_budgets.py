@@ -9,9 +9,11 @@ import pytest
 
 from spotchaos.budgets.advisor import advise, daly_interval, expected_waste, young_interval
 from spotchaos.budgets.cost import estimate
+from spotchaos.budgets.overhead import measure_overhead
 from spotchaos.config.jobs import JobSpec, load_settings
 from spotchaos.config.prices import CostInputs
 from spotchaos.errors import ConfigError
+from spotchaos.families.budgets import notice_step
 from spotchaos.runner import BudgetFailure
 
 from .helpers import trainer_job
@@ -152,6 +154,8 @@ def test_checkpointing_every_step_fails_the_overhead_budget_with_the_figures(run
     measured = record.figures["overhead"]["measured_fractions"]
     assert len(measured) == 2 and all(f > 0.05 for f in measured), measured
     assert record.figures["overhead"]["fraction"] == min(measured)
+    # the first figure is the reference run's own (no run made for it), the second one more run's
+    assert measured[0] == measure_overhead(runner.reference(job).attempts[0], 0.05).fraction
 
 
 def test_a_trainer_without_checkpoint_timings_is_unknown_not_passed(runner, script):
@@ -166,7 +170,12 @@ def test_a_trainer_without_checkpoint_timings_is_unknown_not_passed(runner, scri
 
 
 def test_notice_flush_fits_and_fails_against_half_the_window(runner):
-    runner.check_notice_flush(trainer_job(name="flush-ok"))
+    ok = trainer_job(name="flush-ok")
+    runner.check_notice_flush(ok)
+    # the timing run: a notice late in the job, from the reference's copy of the checkpoint before it, cold
+    timing, reference = runner.timing_run(ok), runner.reference(ok)
+    assert timing.plan == f"sigterm@{notice_step(reference)}" == "sigterm@13" and timing.prefix_step == 11, timing.plan
+    assert all(a.start_kind.startswith("cold") for a in timing.trained), [a.start_kind for a in timing.trained]
     # A trainer that takes 1 s per step needs up to a step to reach its boundary: more than half of 1.8 s.
     slow = trainer_job("reference_trainer", "--step-seconds", "1.0", "--steps", "4", name="slow", grace_seconds=1.8)
     with pytest.raises(BudgetFailure, match=r"more than half the 1.8 s grace window"):

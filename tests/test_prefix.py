@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import strategies as st
 
 from spotchaos.config.jobs import JobSpec, job_from_mapping
 from spotchaos.errors import ConfigError
@@ -22,7 +23,7 @@ from spotchaos.faults.plan import Plan
 from spotchaos.probe import Probe
 from spotchaos.record import ScenarioRecord
 from spotchaos.report.gate_cost import cost_line, per_job
-from spotchaos.runner import ChaosRunner
+from spotchaos.runner import ChaosFailure, ChaosRunner
 from spotchaos.search import ExploreSettings, explore
 from spotchaos.strategies import preemption_plans
 from spotchaos.training.engine.hold import CheckpointHold
@@ -37,6 +38,10 @@ def trainer(script: str = "reference_trainer", *extra: str, name: str | None = N
     """20 steps, checkpoints after 3, 7, 11, 15 and 19."""
     command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "20", "--checkpoint-every", "4", *FAST, *extra)
     return JobSpec(name=name or script.replace("_", "-"), command=command, grace_seconds=10)
+
+
+def plans(*texts: str) -> st.SearchStrategy[Plan]:
+    return st.sampled_from([Plan.parse(text) for text in texts])
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,10 @@ def test_a_plan_whose_point_is_the_early_life_starts_from_step_0(session):
     assert choose(Plan.parse("sigterm@2"), snapshots) is None  # before the first checkpoint
     assert choose(Plan.parse("sigterm@9,sigkill@3"), snapshots) == 7  # the first fault decides
     assert choose(Plan.parse("crash@5"), snapshots) is None  # a crash point counts from the first attempt
-    assert choose(Plan.parse("rerun@19"), snapshots) is None
+    assert choose(Plan.parse("rerun@0"), snapshots) is None  # no last step known: from step 0
+    assert choose(Plan.parse("rerun@0"), snapshots, last_step=11) == 7  # trains to the end from the newest before it
+    assert choose(Plan.parse("rerun@0"), snapshots, last_step=7) == 3
+    assert choose(Plan.parse("crash@9+2"), snapshots) == 7  # counted from step 9: the save after it, from 7's copy
     run, verdict = session.run(job, Plan.parse("sigterm@2"), prefix=True)
     assert verdict.passed and run.prefix_step is None and run.attempts[0].start_kind != "prefix"
 
@@ -97,6 +105,64 @@ def test_a_search_starts_its_first_plan_from_step_0_and_credits_the_rest_to_the_
     assert [r["plan"] for r in again.runs] == [r["plan"] for r in record.runs]
     assert all(r["reused"] for r in again.runs) and not any(r["reused"] for r in record.runs)
     assert not again.cost.get("runs")  # nothing ran: nothing to pay
+
+
+def test_only_the_sessions_first_searched_plan_of_a_job_starts_from_step_0_and_its_early_life_runs_once(tmp_path):
+    """One plan from step 0 a job and session keeps the fresh start tested; a second search of the job
+    starts from the reference's copies, and sets aside a draw of the job's early life (a fault before
+    its first checkpoint: the whole job trained again) once one has run."""
+    job = trainer()
+    settings = ExploreSettings(max_examples=2, seed=5)
+    first, second = (ScenarioRecord(scenario=name, job=job.name, seed=5) for name in ("first", "second"))
+    with ChaosRunner(ROOT, workdir=tmp_path) as runner:
+        with first:  # sampled_from shrinks to its first element: hypothesis draws sigterm@1 first
+            explore(runner, job, plans("sigterm@1", "sigkill@9", "sigkill@13"), settings=settings)
+        with second:
+            explore(runner, job, plans("sigterm@2", "sigkill@10", "sigkill@14"), settings=settings)
+    assert (first.runs[0]["plan"], first.runs[0]["prefix_step"]) == ("sigterm@1", None), first.runs
+    assert first.runs[1]["prefix_step"] is not None, first.runs
+    assert all(r["prefix_step"] is not None for r in second.runs), second.runs
+    assert "sigterm@2" not in [r["plan"] for r in second.runs] and second.figures["cells"]["draws_set_aside"] >= 1
+
+
+def test_a_crash_point_counted_from_its_step_lands_on_the_same_event_from_the_references_copy(session):
+    """``crash@S+N`` dies before the N-th file-system event after the job reported step S: the same
+    moment of a save from a copy of the checkpoint before it as from step 0 (``crash@N``)."""
+    job = trainer()
+    boundaries = session.save_boundaries(job)
+    crash = next(b for b in boundaries if b["event"] == "os.rename")  # the save's publishing rename
+    relative, *_ = (p for p in session.save_crash_points(job) if p.preemptions[0].fs_event == crash["since"])
+    assert str(relative) == f"crash@{crash['step']}+{crash['since']}", relative
+    from_copy, verdict = session.run(job, relative, prefix=True)
+    assert verdict.passed, verdict.message()
+    assert from_copy.prefix_step is not None and from_copy.prefix_step < crash["step"]
+    from_start, verdict = session.run(job, Plan.parse(f"crash@{crash['index']}"))
+    assert verdict.passed and from_start.prefix_step is None, verdict.message()
+    landed = [run.faults[0].detail.partition(" (")[0] for run in (from_copy, from_start)]
+    assert landed[0] == landed[1] and landed[0].startswith("before os.rename"), landed
+
+
+def test_an_unsafe_writer_fails_at_a_crash_point_counted_from_its_step_started_from_the_copy(session):
+    job = trainer("broken_inplace_write")
+    for plan in session.save_crash_points(job):
+        assert plan.preemptions[0].after_step is not None, plan  # a job that takes prefixes: counted from its step
+        try:
+            session.check(job, plan)
+        except ChaosFailure as failure:
+            assert "left neither the old nor the new" in str(failure), str(failure)
+            assert str(failure.plan) == str(plan)
+            return
+    pytest.fail("no crash point of broken_inplace_write was caught")
+
+
+def test_a_crash_while_loading_is_traced_and_run_from_the_copy_of_the_checkpoint_it_loads(session):
+    job = trainer()
+    kill, reads = session.resume_boundaries(job)
+    assert kill.at_step == 16 and reads, (kill, reads)  # after checkpoint 15, the newest leaving two steps
+    plan = Plan((kill, *Plan.parse(f"crash@{reads[0]['index']}").preemptions))
+    run, verdict = session.run(job, plan, prefix=True)
+    assert verdict.passed and run.prefix_step == 15, verdict.message()
+    assert [a.fault.fault for a in run.trained if a.fault] == ["sigkill", "crash"]
 
 
 def test_a_broken_job_fails_from_step_0_with_its_own_message_and_takes_no_more_prefixes(session):

@@ -19,6 +19,8 @@ from ..session import SessionCore
 from ..training.trajectory import RunRecord
 from .preemption import ChaosFailure
 
+Measure = Callable[[Callable[[], RunRecord]], RunRecord]
+
 
 class BudgetFailure(ScenarioFailure):
     """A time budget (checkpoint overhead, notice flush) was exceeded, or could not be measured."""
@@ -29,34 +31,50 @@ def fresh_run(core: SessionCore, job: JobSpec) -> RunRecord:
     return core.run_once(job, Plan(), "measure")
 
 
+def measured_run(core: SessionCore, job: JobSpec, measure: Measure | None = None) -> RunRecord:
+    """The uninterrupted run the overhead is read from: the reference run itself, whose steps and
+    checkpoints carry the seconds the job measured (the harness's holds after its checkpoints fall
+    outside both); one more run only where ``measure`` (pytest-benchmark keeping its figures) times it."""
+    return measure(lambda: fresh_run(core, job)) if measure is not None else core.reference(job)
+
+
+def notice_step(reference: RunRecord) -> int:
+    """Where the timing run's SIGTERM lands: half-way through the reference's last checkpoint interval
+    that leaves a step after it, so the run starts from that checkpoint's copy (the prefix) and trains
+    a few steps instead of the whole job; half-way through the job where it reports no checkpoint."""
+    total = len(reference.steps)
+    saved = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
+    inside = [c for c in saved if c <= total - 3]
+    if not inside:
+        return max(0, total // 2 - 1)
+    return inside[-1] + max(1, (total - 1 - inside[-1]) // 2)
+
+
 def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:
-    """A run with one SIGTERM half-way, cached per job: notice flush and restart latency.
+    """A run with one SIGTERM late in the job, cached per job: notice flush and restart latency.
 
     It must itself pass every verdict; figures from a run that did not resume are meaningless.
     Its attempts start cold: the restart it times stands for a restart in production, which pays
-    the job's imports (a warm start would not).
+    the job's imports (a warm start would not). It starts from the reference's checkpoint before
+    the notice where the job takes prefixes: the notice and the restart are the same wherever.
     """
     key = ("timing", job.key())
     if key not in core.cache:
-        middle = max(0, len(core.reference(job).steps) // 2 - 1)
-        plan = Plan((Preemption(middle, "sigterm"),))
-        record, verdict = core.run(replace(job, warm=False), plan)
+        plan = Plan((Preemption(notice_step(core.reference(job)), "sigterm"),))
+        record, verdict = core.run(replace(job, warm=False), plan, prefix=True)
         if not verdict.passed:
             raise ChaosFailure(job.name, plan, verdict, record.workdir)
         core.cache[key] = record
     return core.cache[key]
 
 
-def check_overhead(
-    core: SessionCore,
-    job: JobSpec,
-    measure: Callable[[Callable[[], RunRecord]], RunRecord] | None = None,
-) -> dict[str, Any]:
+def check_overhead(core: SessionCore, job: JobSpec, measure: Measure | None = None) -> dict[str, Any]:
     """Checkpoint overhead against ``job.overhead_budget``, plus interval advice and cost.
 
-    ``measure`` wraps the measured run (the plugin passes pytest-benchmark's timer).
+    ``measure`` wraps one more uninterrupted run to measure on (the plugin passes pytest-benchmark's
+    timer where it keeps its figures); without it the reference run is measured (``measured_run``).
     """
-    run = (measure or (lambda fn: fn()))(lambda: fresh_run(core, job))
+    run = measured_run(core, job, measure)
     overhead = measure_overhead(run.attempts[0], job.overhead_budget)
     measured = [overhead.fraction]
     if overhead.fraction is not None and not overhead.passed:

@@ -22,15 +22,20 @@ from ..training.engine.options import FS_EVENTS
 from ..training.trajectory import RunRecord
 
 
-def trace(core: SessionCore, job: JobSpec, plan: Plan) -> tuple[RunRecord, list[list[dict[str, Any]]]]:
-    """Run with every file-system event under the checkpoint directory logged, per attempt."""
+def trace(
+    core: SessionCore, job: JobSpec, plan: Plan, *, prefix: bool = False
+) -> tuple[RunRecord, list[list[dict[str, Any]]]]:
+    """Run with every file-system event under the checkpoint directory logged, per attempt that
+    ran (``prefix``: from the reference's checkpoint before the plan's first fault, where it can;
+    its first attempt, the reference's steps, ran nothing and logged nothing)."""
     logs: list[list[dict[str, Any]]] = []
 
     def read_logs(record: RunRecord) -> None:
         workdir = Path(record.workdir)
-        logs.extend(read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.attempts)
+        logs.extend(read_fs_events(workdir / f"attempt-{a.index}" / FS_EVENTS) for a in record.trained)
 
-    record = core.run_once(job, plan, "trace", read_logs, trace_fs=True)
+    start = core.prefixes.start(job, plan, core.reference(job)) if prefix else None
+    record = core.run_once(job, plan, "trace", read_logs, trace_fs=True, prefix=start)
     return record, logs
 
 
@@ -55,6 +60,28 @@ def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
         )
     rotating = [w for w in windows[1:] if any(e["event"] in ("shutil.rmtree", "os.remove") for e in w)]
     return rotating[0] if rotating else windows[-1]
+
+
+def save_crash_points(core: SessionCore, job: JobSpec) -> list[Plan]:
+    """A crash point before each file-system event of one save (``save_boundaries``): counted from
+    the step the job reported before it (``crash@S+N``) where the job takes the reference's prefix,
+    so the plan starts from the copy of the checkpoint before that save instead of from step 0;
+    counted from the attempt's start (``crash@N``) otherwise (a background thread's save may
+    straddle a step's report: only the count from the start is as stable for it)."""
+    plans = []
+    reference = core.reference(job)
+    for boundary in save_boundaries(core, job):
+        step, since = boundary.get("step"), boundary.get("since")
+        relative = Plan((Preemption(since, "crash", after_step=step),)) if _counts(step) and _counts(since) else None
+        if relative is not None and core.prefixes.start(job, relative, reference) is not None:
+            plans.append(relative)
+        else:
+            plans.append(Plan((Preemption(boundary["index"], "crash"),)))
+    return plans
+
+
+def _counts(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _reference_trace(core: SessionCore, job: JobSpec) -> tuple[RunRecord, list[list[dict[str, Any]]]] | None:
@@ -101,14 +128,19 @@ def _log_save_windows(events: list[dict[str, Any]], log: list[dict[str, Any]]) -
 
 
 def resume_boundaries(core: SessionCore, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
-    """The reads of a restart that loads a checkpoint: hard kill half-way, then trace the resume."""
+    """The reads of a restart that loads a checkpoint: a hard kill right after the newest checkpoint
+    that leaves the job two steps to run, then the resume traced. Late in the job, so the traced run
+    and every plan crashing in that load start from the reference's copy of that checkpoint (where
+    the job takes prefixes) and train the few steps after it, not the whole job; the kill still
+    lands before the job finishes."""
     steps = core.checkpoint_steps(job)
     if not steps:
         raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no load to crash inside")
-    # right after the first checkpoint: far from the end, so the hard kill lands before the job finishes
-    kill = Preemption(min(steps[0] + 1, len(core.reference(job).steps) - 2), "sigkill")
-    record, logs = trace(core, job, Plan((kill,)))
+    total = len(core.reference(job).steps)
+    leaving_two = [s for s in steps if s + 1 <= total - 2]
+    kill = Preemption(leaving_two[-1] + 1 if leaving_two else min(steps[0] + 1, total - 2), "sigkill")
+    record, logs = trace(core, job, Plan((kill,)), prefix=True)
     if len(logs) < 2:
         raise SpotchaosError(f"job {job.name!r} finished before {kill} could interrupt it")
-    first_step = next((e["t"] for e in record.attempts[1].of_kind("step")), float("inf"))
+    first_step = next((e["t"] for e in record.trained[1].of_kind("step")), float("inf"))
     return kill, [e for e in logs[1] if e["event"] == "open-read" and e["t"] < first_step]

@@ -13,12 +13,16 @@ from . import CHECKPOINT_FAULTS, PREEMPTIONS
 class Preemption:
     """Deliver ``fault`` once the attempt has reported step ``at_step`` (or a later one); then,
     before the restart, apply ``damage`` to the newest checkpoint (``pick`` in [0, 1) chooses
-    the file and the offset)."""
+    the file and the offset). A crash point ``crash@N`` dies before the attempt's N-th
+    file-system event under its checkpoint folder; ``crash@S+N`` (``after_step`` S) before the
+    N-th after the job reported step S: the same moment of a save from step 0 or from a copy of
+    an earlier checkpoint (training/reference/prefix.py)."""
 
     at_step: int
     fault: str
     damage: str | None = None
     pick: float = 0.0
+    after_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in PREEMPTIONS:
@@ -31,6 +35,11 @@ class Preemption:
             raise ConfigError(f"unknown checkpoint fault {self.damage!r} (known: {known})")
         if not 0 <= self.pick < 1:
             raise ConfigError(f"pick must be in [0, 1), got {self.pick}")
+        if self.after_step is not None and (self.fault != "crash" or self.after_step < 0 or self.at_step < 1):
+            raise ConfigError(
+                f"{self.fault}@{self.after_step}+{self.at_step}: only a crash point counts events after a step "
+                "(crash@S+N: S >= 0, N >= 1)"
+            )
 
     @property
     def fs_event(self) -> int | None:
@@ -44,7 +53,8 @@ class Preemption:
         return int(self.fault.removeprefix("crash-rank")) if self.fault.startswith("crash-rank") else None
 
     def __str__(self) -> str:
-        text = f"{self.fault}@{self.at_step}"
+        where = str(self.at_step) if self.after_step is None else f"{self.after_step}+{self.at_step}"
+        text = f"{self.fault}@{where}"
         if self.damage:
             text += f":{self.damage}" + (f"~{self.pick!r}" if self.pick else "")
         return text
@@ -58,19 +68,22 @@ class Plan:
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """``"sigterm@5,sigkill@12:truncate-half~0.3"`` -> Plan; the form replay commands use."""
+        """``"sigterm@5,sigkill@12:truncate-half~0.3,crash@17+2"`` -> Plan; the form replay commands use."""
         items = []
         for part in filter(None, (p.strip() for p in text.split(","))):
             head, _, damage = part.partition(":")
-            fault, _, step = head.partition("@")
+            fault, _, where = head.partition("@")
+            after, plus, step = where.rpartition("+")
             damage, _, pick = damage.partition("~")
-            if not (step.isascii() and step.isdigit()):
-                raise ConfigError(f"plan item {part!r} must look like FAULT@STEP[:DAMAGE[~PICK]], e.g. sigterm@5")
+            if not (step.isascii() and step.isdigit()) or (plus and not (after.isascii() and after.isdigit())):
+                raise ConfigError(
+                    f"plan item {part!r} must look like FAULT@STEP[:DAMAGE[~PICK]] or crash@STEP+EVENT, e.g. sigterm@5"
+                )
             try:
                 pick_value = float(pick) if pick else 0.0
             except ValueError:
                 raise ConfigError(f"plan item {part!r}: pick {pick!r} is not a number") from None
-            items.append(Preemption(int(step), fault, damage or None, pick_value))
+            items.append(Preemption(int(step), fault, damage or None, pick_value, int(after) if plus else None))
         return cls(tuple(items))
 
     def __str__(self) -> str:
@@ -83,6 +96,7 @@ class Plan:
                 "at_fs_event" if p.fs_event is not None else "at_step": p.at_step,
                 "damage": p.damage,
                 "pick": p.pick,
+                **({"after_step": p.after_step} if p.after_step is not None else {}),
             }
             for p in self.preemptions
         ]

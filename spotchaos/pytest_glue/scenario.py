@@ -75,6 +75,17 @@ class Scenario:
         to ``--benchmark-json`` (``extra_info``), for comparison across commits."""
         self._run(job, lambda record: self._overhead(job, benchmark, record))
 
+    @staticmethod
+    def kept_benchmark(request: pytest.FixtureRequest) -> Any:
+        """pytest-benchmark's ``benchmark`` fixture where it keeps what it times (a JSON file, a saved
+        run, a comparison), else None: timing one more run whose figures go nowhere is a run the
+        overhead scenario does not need (it reads the reference run's)."""
+        config = request.config
+        if not config.pluginmanager.hasplugin("pytest_benchmark"):
+            return None
+        keeps = ("benchmark_json", "benchmark_save", "benchmark_autosave", "benchmark_compare")
+        return request.getfixturevalue("benchmark") if any(config.getoption(o, None) for o in keeps) else None
+
     def explore_rank_crashes(self, job: JobSpec) -> None:
         """A torchrun job: kill one rank at any file-system event of its part of a checkpoint save
         (its DCP shard, the ``.metadata``, a file of its own, the manifest or marker that publishes

@@ -24,9 +24,9 @@ def test_damaged_newest_checkpoint_rolls_back(spotchaos, spotchaos_job):
 
 
 def test_crash_inside_a_checkpoint_save_leaves_a_loadable_checkpoint(spotchaos, spotchaos_job):
-    """SIGKILL before each file-system event of a save that also rotates old checkpoints away."""
-    boundaries = spotchaos.save_boundaries(spotchaos_job)
-    crashes = [Plan.parse(f"crash@{b['index']}") for b in boundaries]
+    """SIGKILL before each file-system event of a save that also rotates old checkpoints away (from the
+    reference's copy of the checkpoint before that save where the job takes it: ``crash@STEP+EVENT``)."""
+    crashes = spotchaos.save_crash_points(spotchaos_job)
     inside = crashes[1:] or crashes  # before the save's first event nothing is written yet: a plain kill
     middle = inside[len(inside) // 2]  # first, a crash in the middle of the save's writes
     spotchaos.explore(spotchaos_job, st.sampled_from(inside), first=lambda epochs, checkpoints: [middle])

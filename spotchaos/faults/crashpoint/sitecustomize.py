@@ -12,6 +12,10 @@ of a checkpoint write, rotation or load. Standard library only, like the probe.
 
 Environment: SPOTCHAOS_CRASH_ROOT (the checkpoint directory), SPOTCHAOS_CRASH_LOG (JSON lines
 of the events seen), SPOTCHAOS_CRASH_AT (1-based index of the event to die before; 0 logs only),
+SPOTCHAOS_CRASH_AFTER_STEP (then SPOTCHAOS_CRASH_AT counts the events after the probe reported
+that step, which the probe announces with the audit event ``spotchaos.step``: the same moment of
+a save whether the attempt trained from step 0 or resumed from a copy of an earlier checkpoint;
+each logged event carries the last step announced and its number since),
 SPOTCHAOS_CRASH_RANK (a torchrun job: only that rank, in the first run of its worker group, is
 armed and logs; the agent and the other ranks are left alone).
 
@@ -37,6 +41,11 @@ import time
 _ROOT = os.environ.get("SPOTCHAOS_CRASH_ROOT")
 _LOG = os.environ.get("SPOTCHAOS_CRASH_LOG")
 _AT = int(os.environ.get("SPOTCHAOS_CRASH_AT", "0") or 0)
+_AFTER = os.environ.get("SPOTCHAOS_CRASH_AFTER_STEP")
+_AFTER = int(_AFTER) if _AFTER else None
+_STEP_EVENT = "spotchaos.step"  # the probe's (spotchaos/probe.py STEP_AUDIT_EVENT)
+_step = None  # the last step the probe announced, and the events counted since
+_since = 0
 _EVENTS = {"open", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
 _count = 0
 _lock = threading.Lock()  # a trainer may unlink or fsync from helper threads: one numbering for all
@@ -80,7 +89,11 @@ def _describe(event, args):
 
 
 def _hook(event, args):
-    global _count
+    global _count, _step, _since
+    if event == _STEP_EVENT:
+        with _lock:
+            _step, _since = (args[0] if args else None), 0
+        return
     if not _torch_seen and "torch.serialization" in sys.modules:
         _announce_torch_saves()
     if getattr(_local, "busy", False) or event not in _EVENTS or not args or not _under_root(args[0]):
@@ -89,15 +102,17 @@ def _hook(event, args):
     try:
         with _lock:
             _count += 1
+            _since += 1
             kind, target = _describe(event, args)
             if _LOG:
                 record = {"index": _count, "event": kind, "path": target, "t": time.time(), "pid": os.getpid()}
+                record.update(step=_step, since=_since)
                 if os.environ.get("RANK") is not None:  # a torchrun rank: each numbers its own events
                     record["rank"] = int(os.environ["RANK"])
                 fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 os.write(fd, (json.dumps(record) + "\n").encode())
                 os.close(fd)
-            if _count == _AT:
+            if (_count if _AFTER is None else _since if _step == _AFTER else None) == _AT:
                 _die()
     finally:
         _local.busy = False

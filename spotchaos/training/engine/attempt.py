@@ -188,6 +188,8 @@ class AttemptRun:
             "SPOTCHAOS_CRASH_LOG": str(self.folder / FS_EVENTS),
             "SPOTCHAOS_CRASH_AT": str(self.crash_at or 0),
         }
+        if self.preemption is not None and self.preemption.after_step is not None:
+            env["SPOTCHAOS_CRASH_AFTER_STEP"] = str(self.preemption.after_step)
         rank = self.preemption.crash_rank if self.preemption is not None else None
         if rank is not None or (self.options.trace_rank is not None and self.job.launcher == "torchrun"):
             env["SPOTCHAOS_CRASH_RANK"] = str(rank if rank is not None else self.options.trace_rank)
@@ -315,7 +317,7 @@ class AttemptRun:
             final_file = reader.final_path() if isinstance(reader, LogEventReader) else self.folder / FINAL_TENSORS
             attempt.final_tensors = str(final_file) if final_file is not None else None
         if self.crash_at is not None:
-            attempt.fault = _crash_record(self.crash_at, attempt, self.folder / FS_EVENTS, self.preemption.fault)
+            attempt.fault = _crash_record(self.preemption, attempt, self.folder / FS_EVENTS)
         elif attempt.fault is not None:
             settle_landing(attempt, attempt.fault, self.hold, job, deliberate=self.options.preempt_when is not None)
         restarted = self.previous is not None and attempt.exit_code != 0 and self.options.judge_restarts
@@ -480,13 +482,19 @@ def read_fs_events(path: Path) -> list[dict]:
     return events
 
 
-def _crash_record(crash_at: int, attempt: Attempt, log: Path, name: str = "crash") -> FaultRecord | None:
+def _crash_record(planned: Preemption, attempt: Attempt, log: Path) -> FaultRecord | None:
     """The crash as it happened, or None when the job never reached that file-system event (a
     rank's crash ends the rank, not the launcher: its logged hit is the evidence)."""
-    hit = [e for e in read_fs_events(log) if e["index"] == crash_at] if log.exists() else []
+    crash_at, after, name = planned.at_step, planned.after_step, planned.fault
+    events = read_fs_events(log) if log.exists() else []
+    if after is None:
+        hit = [e for e in events if e["index"] == crash_at]
+    else:  # counted from the job's report of step ``after`` (the hook logs the last step and the count since)
+        hit = [e for e in events if e.get("step") == after and e.get("since") == crash_at]
     if not hit or (attempt.exit_code != -9 and name == "crash"):
         return None
     steps = attempt.steps
+    where = f"file-system event {crash_at}" if after is None else f"file-system event {crash_at} after step {after}"
     return FaultRecord(
         fault=name,
         planned_step=crash_at,
@@ -494,7 +502,7 @@ def _crash_record(crash_at: int, attempt: Attempt, log: Path, name: str = "crash
         delivered_at=hit[0]["t"] - attempt.started_wall,
         delivered_wall=hit[0]["t"],
         exit_seconds=0.0,
-        detail=f"before {hit[0]['event']} {'/'.join(Path(hit[0]['path']).parts[-2:])} (file-system event {crash_at})",
+        detail=f"before {hit[0]['event']} {'/'.join(Path(hit[0]['path']).parts[-2:])} ({where})",
     )
 
 

@@ -136,8 +136,9 @@ def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]
         elif not attempt.steps and attempt.final is not None:  # resumed after the last step: nothing to preempt
             not_reached.append(f"{planned} (attempt {index}): no training was left when it started")
         elif planned.fs_event is not None:
+            since = "" if planned.after_step is None else f" after step {planned.after_step}"
             unfired.append(
-                f"{planned} never fired: attempt {index} made fewer than {planned.fs_event} file-system events "
+                f"{planned} never fired: attempt {index} made fewer than {planned.fs_event} file-system events{since} "
                 "under its checkpoint directory (crash@N counts those events, not steps)"
             )
         else:

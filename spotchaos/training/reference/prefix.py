@@ -16,7 +16,7 @@ no file in it is newer than the checkpoint's event. Everything is read and writt
 What never takes a prefix (``why_not``): a job whose steps come from its printed lines (only the
 probe holds a job at its checkpoints), several ranks, a container, Ray, S3 checkpoints, ``prefix =
 false``; a plan whose point is the job's early life (a fault before the first checkpoint, a crash
-point inside a save or a load, a rerun); and a job whose checkpoint names the reference's own
+point counted from the first attempt's start); and a job whose checkpoint names the reference's own
 folder (``Snapshots.refused``): a run started from the copy would read another run's files.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,13 +213,20 @@ class Prefix:
         return (checkpoints / path.relative_to(self.reference_checkpoints)).as_uri()
 
 
-def choose(plan: Plan, snapshots: Snapshots | None) -> int | None:
-    """The newest snapshot before the plan's first fault; None for a plan that starts from step 0."""
+def choose(plan: Plan, snapshots: Snapshots | None, last_step: int | None = None) -> int | None:
+    """The newest snapshot before the plan's first fault; None for a plan that starts from step 0.
+    A plan that first reruns the job once it finished (``rerun``) starts from the newest snapshot
+    before the reference's ``last_step``: its first attempt still trains, and ends, as a run does."""
     if snapshots is None or snapshots.refused is not None or not snapshots.taken or not plan.preemptions:
         return None
-    if any(p.fs_event is not None or p.fault == "rerun" for p in plan.preemptions):
-        return None  # a crash point counts file-system events from the first attempt's; a rerun's point is the end
-    first = plan.preemptions[0].at_step
+    head = plan.preemptions[0]
+    if head.fault == "rerun":
+        before_end = [step for step in snapshots.taken if last_step is not None and step < last_step]
+        return max(before_end) if before_end else None
+    if head.fs_event is not None and head.after_step is None:
+        return None  # crash@N counts the first attempt's file-system events from its start (crash@S+N: from step S)
+    # (a crash point of a later fault counts its own attempt's events: the same from either start)
+    first = head.after_step if head.after_step is not None else head.at_step
     before = [step for step in snapshots.taken if step < first]
     return max(before) if before else None
 
@@ -239,6 +247,33 @@ class Prefixes:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled  # --spotchaos-prefix=off: every plan from step 0
         self._snapshots: dict[str, Snapshots] = {}
+        self._claimed: dict[tuple[str, str], str] = {}  # (what, job key) -> the plan that claimed it
+        self._lock = threading.Lock()
+
+    def claim_fresh_start(self, job: JobSpec, plan: Plan) -> bool:
+        """Whether ``plan`` is (or already was) the session's first searched plan of ``job``: it runs
+        from step 0.
+
+        One plan from step 0 a job and session is what keeps its fresh start tested and compares a
+        cached reference's prefix with the job's; every other plan may start from the reference's
+        checkpoints. A plan of the job's early life (a fault before its first checkpoint, a crash
+        point counted from the start) runs from step 0 whatever it is."""
+        return self._claim("fresh start", job, plan)
+
+    def claim_early_life(self, job: JobSpec, plan: Plan, reference: RunRecord) -> bool:
+        """Whether ``plan`` may run as the session's plan of ``job``'s early life: False only where the
+        job takes prefixes, ``plan`` could not (a fault before the first checkpoint, a crash point
+        counted from the start) and another such plan of the job already ran. Each of them
+        trains the whole job again for what the first already tested; a search sets it aside for
+        another draw (``search._Cells``), as it does a plan of a cell it has covered."""
+        if why_not(job) is not None or job.key() not in self._snapshots or self.start(job, plan, reference):
+            return True
+        return self._claim("early life", job, plan)
+
+    def _claim(self, what: str, job: JobSpec, plan: Plan) -> bool:
+        with self._lock:
+            claimed = self._claimed.setdefault((what, job.key()), str(plan))
+            return claimed == str(plan)
 
     def open(self, job: JobSpec, workdir: Path) -> Snapshots | None:
         """The snapshot store for ``job``'s reference run, or None where it takes no prefix."""
@@ -262,7 +297,7 @@ class Prefixes:
     def start(self, job: JobSpec, plan: Plan, reference: RunRecord) -> Prefix | None:
         """Where ``plan`` may start: the reference's newest snapshot before its first fault."""
         snapshots = self._snapshots.get(job.key()) if why_not(job) is None else None  # a twin job may have it off
-        step = choose(plan, snapshots)
+        step = choose(plan, snapshots, reference.steps[-1].step if reference.steps else None)
         if step is None or snapshots is None:
             return None
         return Prefix(step, snapshots.taken[step], reference, Path(reference.workdir) / "checkpoints")
