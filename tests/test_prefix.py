@@ -183,6 +183,9 @@ def test_a_checkpoint_that_names_the_references_folder_makes_the_job_refuse_pref
     assert "latest" in snapshots["refused"]
     run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
     assert verdict.passed and run.prefix_step is None
+    # every plan of it starts from step 0: none is set aside as a second plan of its early life
+    early = [Plan.parse("sigterm@1"), Plan.parse("sigterm@2")]
+    assert all(session.prefixes.claim_early_life(job, plan, session.reference(job)) for plan in early)
 
 
 def test_off_for_a_job_or_a_session_means_every_plan_from_step_0(session, tmp_path):

@@ -266,9 +266,10 @@ class Prefixes:
         counted from the start) and another such plan of the job already ran. Each of them
         trains the whole job again for what the first already tested; a search sets it aside for
         another draw (``search._Cells``), as it does a plan of a cell it has covered."""
-        if why_not(job) is not None or job.key() not in self._snapshots or self.start(job, plan, reference):
-            return True
-        return self._claim("early life", job, plan)
+        snapshots = self._snapshots.get(job.key()) if why_not(job) is None else None
+        if snapshots is None or snapshots.refused is not None or not snapshots.taken:
+            return True  # every plan of the job starts from step 0: none costs more than another
+        return self.start(job, plan, reference) is not None or self._claim("early life", job, plan)
 
     def _claim(self, what: str, job: JobSpec, plan: Plan) -> bool:
         with self._lock:
