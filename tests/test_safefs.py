@@ -4,11 +4,20 @@ the way, regular files only, one name for a file it will change, bounded reads."
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from spotchaos.safety.redact import SecretMatcher, redact_files
-from spotchaos.safety.safefs import UnsafeFile, create_new, links_below, open_beneath, read_bounded, regular_files
+from spotchaos.safety.safefs import (
+    UnsafeFile,
+    copy_contents,
+    create_new,
+    links_below,
+    open_beneath,
+    read_bounded,
+    regular_files,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -70,3 +79,22 @@ def test_new_files_refuse_anything_already_there_and_logs_are_rewritten_in_place
     assert redact_files(tmp_path, SecretMatcher(["abc123secret"])) == ["stderr.log"]  # the link is never read
     assert (tmp_path / "stderr.log").read_text() == "token=[REDACTED]\n"
     assert victim.read_text() == "keep"
+
+
+def test_a_copied_folder_keeps_every_files_and_folders_times_so_a_job_orders_its_checkpoints_as_before(tmp_path):
+    """transformers 5.24.0 rotates a Trainer's checkpoints by modification time: a copy that stamped
+    each folder with the time it was copied deleted the checkpoint a resumed run had just loaded
+    (docs/frameworks.md). The copy keeps the times, folders' included, set after their entries."""
+    source, target = tmp_path / "source", tmp_path / "target"
+    for step, age in ((6, 300), (12, 200)):  # checkpoint-6 older than checkpoint-12, as written
+        folder = source / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "model.pt").write_bytes(b"weights %d" % step)
+        stamp = time.time_ns() - age * 10**9
+        os.utime(folder / "model.pt", ns=(stamp, stamp))
+        os.utime(folder, ns=(stamp, stamp))
+    target.mkdir()
+    copy_contents(source, target)
+    for relative in ("checkpoint-6", "checkpoint-6/model.pt", "checkpoint-12", "checkpoint-12/model.pt"):
+        assert os.stat(target / relative).st_mtime_ns == os.stat(source / relative).st_mtime_ns, relative
+    assert (target / "checkpoint-12" / "model.pt").read_bytes() == b"weights 12"

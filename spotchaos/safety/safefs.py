@@ -199,11 +199,13 @@ class Folder:
 
 def _copy_into(src: Folder, dst: Folder) -> None:
     for entry in sorted(os.scandir(src.fd), key=lambda e: e.name):
-        mode = entry.stat(follow_symlinks=False).st_mode
+        info = entry.stat(follow_symlinks=False)
+        mode = info.st_mode
         if stat.S_ISDIR(mode):
             os.mkdir(entry.name, 0o755, dir_fd=dst.fd)
             with src.folder(entry.name) as inner_src, dst.folder(entry.name) as inner_dst:
                 _copy_into(inner_src, inner_dst)
+                os.utime(inner_dst.fd, ns=(info.st_atime_ns, info.st_mtime_ns))  # after its entries changed it
         elif stat.S_ISREG(mode):
             copy_file(src, entry.name, dst, entry.name)
         else:
@@ -212,12 +214,16 @@ def _copy_into(src: Folder, dst: Folder) -> None:
 
 def copy_file(src: Folder, name: str, dst: Folder, target: str, mode: int = 0o644) -> None:
     """One regular file of ``src`` copied to the new name ``target`` in ``dst``: read and created
-    through the folders' fds, a link at either end refused."""
+    through the folders' fds, a link at either end refused. Its access and modification times go
+    with it, as ``cp -p`` keeps them: a job may order its checkpoints by them (transformers rotates
+    a Trainer's by modification time), and a copy must order them as the original did."""
     source = src.open_file(name)
     try:
         written = dst.create_file(target, mode)
         try:
             copy_bytes(source, written)
+            info = os.fstat(source)
+            os.utime(written, ns=(info.st_atime_ns, info.st_mtime_ns))
         finally:
             os.close(written)
     finally:
@@ -245,7 +251,8 @@ def copy_bytes(source: int, target: int) -> None:
 def copy_contents(source: Path, target: Path) -> None:
     """Copy everything in the folder ``source`` into the existing folder ``target``, both reached
     without following a link and everything done through fds; a link or a special file inside
-    ``source`` is refused, and nothing already in ``target`` is replaced."""
+    ``source`` is refused, and nothing already in ``target`` is replaced. Every file and folder
+    below keeps its access and modification times (``copy_file``); ``target`` itself is the caller's."""
     with Folder.open(source) as src, Folder.open(target) as dst:
         _copy_into(src, dst)
 
