@@ -34,6 +34,16 @@ from spotchaos.report.gate_cost import runs_worth  # noqa: E402
 
 BUILTIN = ("spotchaos.scenarios.test_preemption", "spotchaos.scenarios.test_checkpoint_damage")
 BUDGETS = "spotchaos.scenarios.test_budgets"
+RANKS = "spotchaos.scenarios.test_distributed"  # a multi-rank job's own: its ranks killed, hung, in a save
+
+
+def builtin_modules(job: str) -> tuple[str, ...]:
+    """The built-in scenario modules of ``job``'s gate: the distributed ones too for several ranks
+    (the single-process crash points need one process: they are skipped on it, with the reason)."""
+    from spotchaos.config.jobs import load_settings
+
+    spec = next((j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == job), None)
+    return (*BUILTIN, RANKS) if spec is not None and spec.world_size > 1 else BUILTIN
 
 
 def measure(
@@ -57,7 +67,7 @@ def measure(
             "no:cacheprovider",
             "-q",
             "--pyargs",
-            *BUILTIN,
+            *builtin_modules(job),
             *((BUDGETS,) if budgets else ()),
         ]
         started = time.monotonic()

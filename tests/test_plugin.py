@@ -298,6 +298,11 @@ command = ["python", "{FIXTURES / "serve_model.py"}", "--port", "{{port}}"]
             "*needs resharding: declare reshard_nproc_per_node (the ranks per node a resume may use) for 'mine'*",
         ]
     )
+    # a single process's crash points on a job of two ranks: skipped, named, with what it runs instead
+    crash_points = ["--pyargs", "spotchaos.scenarios.test_checkpoint_damage", "-k", "crash"]
+    crashes = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-job=mine", "-rs", *crash_points)
+    crashes.assert_outcomes(skipped=2)
+    crashes.stdout.fnmatch_lines(["*needs one process: its crash points count one process's*'mine' runs 2 ranks*"])
     everything = ["--pyargs", "spotchaos.scenarios.test_distributed", "spotchaos.scenarios.test_serving"]
     listed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q", *everything)
     lines = listed.stdout.str()
@@ -313,7 +318,8 @@ command = ["python", "{FIXTURES / "serve_model.py"}", "--port", "{{port}}"]
     )
     unknown = pytester.runpytest_subprocess("--spotchaos", "test_s.py")
     assert unknown.ret == pytest.ExitCode.INTERRUPTED  # a collection error: the scenario's own mistake
-    unknown.stdout.fnmatch_lines(["*test_s.py::test_x: unknown need 'gpus' in its spotchaos marker (known: ranks*"])
+    known = "known: ranks, nodes, one process, reshard"
+    unknown.stdout.fnmatch_lines([f"*test_s.py::test_x: unknown need 'gpus' in its spotchaos marker ({known})*"])
 
 
 def test_an_image_for_every_job_leaves_torchrun_jobs_local_instead_of_crashing(pytester):

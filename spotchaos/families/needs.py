@@ -41,6 +41,15 @@ NEEDS = {
             lambda job: f"needs several nodes: nnodes = 2 or more; {job.name!r} has nnodes = {job.nnodes}",
         ),
         Need(
+            "one process",
+            lambda job: job.world_size == 1,
+            lambda job: (
+                f"needs one process: its crash points count one process's file-system events; {job.name!r} runs "
+                f"{job.world_size} ranks, whose saves test_distributed.py crashes rank by rank "
+                "(test_a_rank_killed_anywhere_in_its_save_resumes_from_a_complete_checkpoint)"
+            ),
+        ),
+        Need(
             "reshard",
             lambda job: job.reshard_nproc_per_node is not None,
             lambda job: (

@@ -23,6 +23,7 @@ def test_damaged_newest_checkpoint_rolls_back(spotchaos, spotchaos_job):
     spotchaos.explore(spotchaos_job, lambda total: damage_plans(total, min_step=min_step))
 
 
+@pytest.mark.spotchaos(needs=["one process"])
 def test_crash_inside_a_checkpoint_save_leaves_a_loadable_checkpoint(spotchaos, spotchaos_job):
     """SIGKILL before each file-system event of a save that also rotates old checkpoints away (from the
     reference's copy of the checkpoint before that save where the job takes it: ``crash@STEP+EVENT``)."""
@@ -32,6 +33,7 @@ def test_crash_inside_a_checkpoint_save_leaves_a_loadable_checkpoint(spotchaos, 
     spotchaos.explore(spotchaos_job, st.sampled_from(inside), first=lambda epochs, checkpoints: [middle])
 
 
+@pytest.mark.spotchaos(needs=["one process"])
 def test_crash_while_loading_on_resume_then_resume_again(spotchaos, spotchaos_job):
     """A crash loop: hard kill, then another kill while the restart reads its checkpoint."""
     kill, reads = spotchaos.resume_boundaries(spotchaos_job)
