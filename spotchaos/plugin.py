@@ -100,7 +100,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--spotchaos-prefix",
         choices=("on", "off"),
         help="searched plans start from a copy of the reference's checkpoint before their first fault, not step 0 "
-        "(default: on; a scenario's first plan always starts from step 0)",
+        "(default: on; a job's first searched plan of the session always starts from step 0)",
     )
     _add_reference_cache_options(group)
     group.addoption("--spotchaos-history", metavar="DIR|off", help=HISTORY_HELP)

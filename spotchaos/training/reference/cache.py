@@ -6,7 +6,7 @@ Why it can be trusted: an entry is keyed by the job's fingerprint, everything th
 trajectory that the harness can see (the job's table and its environment's values, the script and
 the files it names with the Python files beside the script, the installed packages, spotchaos's own
 sources, Python, the machine and its GPUs); what the harness cannot see (a data file the job opens
-by a name it builds itself) is caught by the runs: every scenario runs a plan from step 0, and a
+by a name it builds itself) is caught by the runs: every job runs a plan from step 0 a session, and a
 run that fails while its job's reference came from the cache makes the session train the
 reference again and compare. A difference says *the cached reference of 'job' no longer matches
 the job (step 3 differs): recomputed*, the run is judged again against the new one, and the entry
