@@ -99,7 +99,7 @@ def _strategy(plans: PlanSource | None, reference: RunRecord) -> st.SearchStrate
         strategy = plans
     else:
         strategy = plans(total_steps)
-    saved = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
+    saved = reference.saved_steps
     first_checkpoint = saved[0] if saved else None
     return strategy.filter(lambda plan: resumes_from_a_checkpoint(plan, first_checkpoint))
 
@@ -145,7 +145,7 @@ class _Cells:
     def of(cls, core: SessionCore, job: JobSpec, examples: int) -> _Cells:
         """The cells of a search on ``job``, from its uninterrupted run."""
         reference = core.reference(job)
-        checkpoints = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
+        checkpoints = reference.saved_steps
         epochs = [_epoch(s.fingerprints.get("epoch")) for s in reference.steps]
         return cls(checkpoints, epochs, examples, lambda plan: core.prefixes.claim_early_life(job, plan, reference))
 
@@ -331,7 +331,7 @@ def _first_plans(first: FirstPlans | None, reference: RunRecord) -> list[Plan]:
         return []
     epochs = [s.fingerprints.get("epoch") for s in reference.steps]
     epochs = [e if isinstance(e, int) and not isinstance(e, bool) else None for e in epochs]
-    checkpoints = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
+    checkpoints = reference.saved_steps
     return first(epochs, checkpoints)
 
 

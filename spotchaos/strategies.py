@@ -131,8 +131,8 @@ def _two_in_one_epoch(
     for steps in reversed(list(by_epoch.values())):
         if len(steps) < 4:
             continue
-        after = [s for c in sorted(checkpoints, reverse=True) for s in steps if s > c and steps[-1] - s >= 2][:1]
-        return (after[0], steps[-1]) if after else (steps[1], steps[-1])
+        roomy = (s for c in sorted(checkpoints, reverse=True) for s in steps if s > c and steps[-1] - s >= 2)
+        return (next(roomy, steps[1]), steps[-1])
     return None
 
 

@@ -42,12 +42,8 @@ def notice_step(reference: RunRecord) -> int:
     """Where the timing run's SIGTERM lands: half-way through the reference's last checkpoint interval
     that leaves a step after it, so the run starts from that checkpoint's copy (the prefix) and trains
     a few steps instead of the whole job; half-way through the job where it reports no checkpoint."""
-    total = len(reference.steps)
-    saved = sorted({e["step"] for a in reference.attempts for e in a.of_kind("checkpoint")})
-    inside = [c for c in saved if c <= total - 3]
-    if not inside:
-        return max(0, total // 2 - 1)
-    return inside[-1] + max(1, (total - 1 - inside[-1]) // 2)
+    total, late = len(reference.steps), reference.late_checkpoint()
+    return max(0, total // 2 - 1) if late is None else late + max(1, (total - 1 - late) // 2)
 
 
 def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:

@@ -136,9 +136,9 @@ def resume_boundaries(core: SessionCore, job: JobSpec) -> tuple[Preemption, list
     steps = core.checkpoint_steps(job)
     if not steps:
         raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no load to crash inside")
-    total = len(core.reference(job).steps)
-    leaving_two = [s for s in steps if s + 1 <= total - 2]
-    kill = Preemption(leaving_two[-1] + 1 if leaving_two else min(steps[0] + 1, total - 2), "sigkill")
+    reference = core.reference(job)
+    late = reference.late_checkpoint()
+    kill = Preemption(late + 1 if late is not None else min(steps[0] + 1, len(reference.steps) - 2), "sigkill")
     record, logs = trace(core, job, Plan((kill,)), prefix=True)
     if len(logs) < 2:
         raise SpotchaosError(f"job {job.name!r} finished before {kill} could interrupt it")

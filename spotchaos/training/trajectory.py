@@ -155,6 +155,18 @@ class RunRecord:
         return [a for a in self.attempts if a.start_kind != "prefix"]
 
     @property
+    def saved_steps(self) -> list[int]:
+        """Steps after which the run reported a checkpoint, each once, in order (a job may report
+        one step twice: Lightning's ``last.ckpt`` after its named one)."""
+        return sorted({e["step"] for a in self.attempts for e in a.of_kind("checkpoint")})
+
+    def late_checkpoint(self) -> int | None:
+        """The newest checkpoint with two steps or more after it: where a fault late in the job still
+        lands before the job ends, and a plan starts from the reference's copy of it; None if none."""
+        late = [step for step in self.saved_steps if step <= len(self.steps) - 3]
+        return late[-1] if late else None
+
+    @property
     def steps(self) -> list[StepRecord]:
         return [s for a in self.attempts for s in a.steps]
 

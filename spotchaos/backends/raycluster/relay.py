@@ -34,7 +34,6 @@ from typing import Any
 from ...probe import ENV_HOLD_DIR, ENV_SNAPSHOT_HOLD_DIR, HOLD_HELD, HOLD_RELEASE
 
 HOLD_VARIABLES = (ENV_HOLD_DIR, ENV_SNAPSHOT_HOLD_DIR)
-HELD, RELEASE = HOLD_HELD, HOLD_RELEASE
 CHUNK_BYTES = 1 << 20  # what one pull carries of one file, at most
 PULL_BYTES = 4 << 20  # what one pull carries in all, at most
 FILES_MAX = 256  # files of one attempt's folder relayed, at most
@@ -84,7 +83,7 @@ class NodeFolder:
         folder = os.path.join(self.path, relative)
         os.mkdir(folder, 0o700)
         fds = []
-        for name in (HELD, RELEASE):
+        for name in (HOLD_HELD, HOLD_RELEASE):
             path = os.path.join(folder, name)
             os.mkfifo(path, 0o600)
             # both ends held here, as the harness holds them: the job's opens never block nor fail
@@ -130,7 +129,7 @@ class NodeFolder:
                 if os.path.islink(full):
                     continue
                 relative = os.path.relpath(full, self.path)
-                if os.path.dirname(relative) in self._holds and name in (HELD, RELEASE):
+                if os.path.dirname(relative) in self._holds and name in (HOLD_HELD, HOLD_RELEASE):
                     continue  # the hold's FIFOs go by their own protocol
                 found.append(relative)
                 if len(found) >= FILES_MAX:
@@ -169,8 +168,8 @@ class Relay:
         for relative in holds:
             hold = folder / relative
             with contextlib.suppress(OSError):
-                held = os.open(hold / HELD, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-                release = os.open(hold / RELEASE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                held = os.open(hold / HOLD_HELD, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+                release = os.open(hold / HOLD_RELEASE, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
                 self._holds[relative] = (held, release)
         self._lock = threading.Lock()
         self._stop = threading.Event()

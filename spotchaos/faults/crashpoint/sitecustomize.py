@@ -105,8 +105,15 @@ def _hook(event, args):
             _since += 1
             kind, target = _describe(event, args)
             if _LOG:
-                record = {"index": _count, "event": kind, "path": target, "t": time.time(), "pid": os.getpid()}
-                record.update(step=_step, since=_since)
+                record = {
+                    "index": _count,
+                    "event": kind,
+                    "path": target,
+                    "t": time.time(),
+                    "pid": os.getpid(),
+                    "step": _step,
+                    "since": _since,
+                }
                 if os.environ.get("RANK") is not None:  # a torchrun rank: each numbers its own events
                     record["rank"] = int(os.environ["RANK"])
                 fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
