@@ -89,9 +89,11 @@ class JobAgent:
                 log.close()
             return {"error": f"could not start {argv[0]!r}: {exc.strerror or exc}"}
         pid = self._process.pid
-        threading.Thread(target=self._record_exit, args=(Path(stdout_path).parent,), daemon=True).start()
+        # its start time before anything waits for it: a job that dies at once (its node going) stays a
+        # zombie, /proc/<pid> still there, until the thread below reaps it
         with open(f"/proc/{pid}/stat", "rb") as stat:
             started = int(stat.read().rsplit(b")", 1)[1].split()[19])
+        threading.Thread(target=self._record_exit, args=(Path(stdout_path).parent,), daemon=True).start()
         context = ray.get_runtime_context()
         return {
             "pid": pid,
