@@ -59,8 +59,15 @@ def test_a_notice_drains_the_node_a_kill_removes_it_and_each_restart_runs_elsewh
     assert len(nodes) == 3 and nodes[0] != nodes[1] and nodes[1] != nodes[2], run["nodes"]
     assert [fault["fault"] for fault in run["faults"]] == ["sigterm", "sigkill"]
     drained, killed = run["nodes"][0], run["nodes"][1]
-    assert drained["fault"] == f"drain accepted; SIGTERM to the job on Ray node {drained['node']}", drained
-    assert drained["after"].startswith(f"node {drained['node']} removed"), drained  # the VM went with its job
+    # the replacement starts at the notice (an autoscaler hears of the reclaim then), and is the one
+    # node that replaces it once the VM has gone with its job: never a second
+    notice = re.fullmatch(
+        rf"drain accepted; (worker-\d+) starting in its place; SIGTERM to the job on Ray node {drained['node']}",
+        drained["fault"],
+    )
+    assert notice, drained
+    assert drained["after"].startswith(f"node {drained['node']} removed"), drained
+    assert drained["after"].endswith(f"; {notice.group(1)} replaces it"), drained
     assert killed["fault"].startswith(f"node {killed['node']} removed"), killed
     cluster = ray_runner.ray_cluster()
     alive = {node.node_id for node in cluster.nodes.values()}

@@ -14,7 +14,8 @@ stats off, so the cluster's processes start with ``http(s)_proxy`` on a closed l
 
 Faults act on nodes the way a spot reclaim reaches them: :meth:`drain` is the GCS drain request an
 autoscaler sends (reason preemption, a deadline), :meth:`remove` is the VM gone (every process of
-the node SIGKILLed), after which a replacement node joins, off the attempt's clock.
+the node SIGKILLed). Either starts a replacement node, joining in the background, off the
+attempt's clock: a notice's at once (an autoscaler hears of the reclaim then), a kill's after it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ from ...host.processes import descendants, describe, end, start_time, sweep
 AUTH_TOKEN_FILE = "auth_token"
 INHERITED_TOKEN = "RAY_AUTH_TOKEN"
 DRAIN_TIMEOUT_VARIABLE = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"  # read by a node's `ray start` (Ray 2.60)
+# How soon the head's GCS counts a removed node dead: Ray's defaults (a check every 3 s, dead after
+# 5 failures) make a VM that is gone alive to Ray, and its Train workers with it, for about 15 s after
+# every process of it was SIGKILLed; a gone raylet refuses the check at once, so 3 failures a second
+# apart say it in about 3 s. A raylet that is only slow still has each check's 10 s timeout (Ray's
+# default, kept): 3 missed in a row is half a minute of no answer, longer than the defaults' 15 s
+# for a dead one. Read by the GCS at start (RayConfig): the head's environment only.
+HEALTH_CHECK_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -140,6 +148,7 @@ class RayNode:
     resources: dict[str, float]
     handle: Any = None  # ray._private.node.Node on a local cluster; None on the user's
     drained: bool = False
+    replaced_by: str | None = None  # the node started in its place (at its notice, or once it was gone)
     busy: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, start) of its daemons
     # (pid, start) of every process of it when its `ray start` was sent SIGTERM: what its exit may
@@ -330,6 +339,7 @@ class LocalRayCluster(RayCluster):
                     "--include-dashboard=false",
                     f"--temp-dir={self._ray_dir}",
                 ],
+                HEALTH_CHECK_ENV,
             )
             self._connect(timeout=90)
             for _ in range(self.workers):  # one after the other: two at once time out on 2 busy cores
@@ -360,14 +370,7 @@ class LocalRayCluster(RayCluster):
         )
         env[MARKER_VARIABLE] = self._marker
         ray_cli = [sys.executable, "-m", "spotchaos.backends.raycluster.node_main"]  # loopback only: see there
-        # each node's agents on ports of its own: Ray's fixed defaults would collide on one machine
-        for option in (
-            "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port",
-            "runtime-env-agent-port",
-            "metrics-export-port",
-        ):
-            args = [*args, f"--{option}={free_port()}"]
+        args = [*args, *_agent_ports()]
         log = open(os.path.join(str(self._temp_dir), f"{name}.log"), "wb")
         with log:
             process = subprocess.Popen(
@@ -470,11 +473,26 @@ class LocalRayCluster(RayCluster):
             starter.wait()
         _reap(pids)
         self._killed += pids  # re-parented here later, some: reaped again when the cluster closes
-        name, marker = self._next_worker()
+        replacement = self._start_replacement(node)  # the one its notice started, if it had one
+        return f"node {node.name} removed: {len(pids)} process(es) on it SIGKILLed; {replacement} replaces it"
+
+    def drain(self, node: RayNode, grace_seconds: float) -> str:
+        """The GCS drain, and the node's replacement started now, joining during the window (an
+        autoscaler hears of a reclaim at its notice): no restart waits for a node to start after it."""
+        answer = super().drain(node, grace_seconds)
+        return f"{answer}; {self._start_replacement(node)} starting in its place"
+
+    def _start_replacement(self, node: RayNode) -> str:
+        """The name of the node that replaces ``node``: started now in the background, once a node."""
+        with self._changed:
+            if node.replaced_by is not None:
+                return node.replaced_by
+            name, marker = self._next_worker()
+            node.replaced_by = name
         thread = threading.Thread(target=self._replace, args=(name, marker), name=f"spotchaos-ray-{name}", daemon=True)
         self._replacing.append(thread)
         thread.start()
-        return f"node {node.name} removed: {len(pids)} process(es) on it SIGKILLed; {name} replaces it"
+        return name
 
     def lost(self, node: RayNode) -> None:
         """A node of ours that died on its own: what is left of it ended, a replacement started."""
@@ -492,7 +510,10 @@ class LocalRayCluster(RayCluster):
         starter.send_signal(signal.SIGTERM)
         with self._changed:
             node.drained = True
-        return f"ray start of node {node.name} (pid {starter.pid}) sent SIGTERM: it drains for {self.drain_timeout:g} s"
+        return (
+            f"ray start of node {node.name} (pid {starter.pid}) sent SIGTERM: it drains for {self.drain_timeout:g} s; "
+            f"{self._start_replacement(node)} starting in its place"
+        )
 
     def _replace(self, name: str, marker: str) -> None:
         """Start and register a replacement, one at a time: two ``ray start`` at once on one
@@ -547,6 +568,12 @@ class LocalRayCluster(RayCluster):
         self._live.discard(self._live_entry)
         if left:
             raise BackendError(f"Ray processes survived the cluster's shutdown: {', '.join(left)}")
+
+
+def _agent_ports() -> list[str]:
+    """Each node's agents on ports of its own: Ray's fixed defaults would collide on one machine."""
+    agents = ("dashboard-agent-listen", "dashboard-agent-grpc", "runtime-env-agent", "metrics-export")
+    return [f"--{agent}-port={free_port()}" for agent in agents]
 
 
 def _reap(pids: list[int]) -> None:
