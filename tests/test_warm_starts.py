@@ -153,6 +153,38 @@ def test_a_preload_that_fails_or_leaves_a_thread_running_means_cold_with_the_rea
             )
 
 
+def test_a_preload_that_loads_the_cuda_driver_means_cold_with_the_reason(folder):
+    """An import that asks for a GPU maps the driver (``libcuda.so.1``) into the interpreter: a fork
+    of it could not use CUDA. A real shared library under the driver's name, loaded as DeepSpeed's
+    accelerator detection loads the real one, is refused the same way."""
+    driver = folder / "libcuda.so.1"
+    driver.write_bytes(Path(_loaded_path("libm.so")).read_bytes())
+    (folder / "asks_for_a_gpu.py").write_text(f"import ctypes\nctypes.CDLL({str(driver)!r})\n")
+    base = _base(PYTHONPATH=str(folder))
+    with (
+        WarmStarts(live=LiveJobs(folder / "live")) as pool,
+        open(folder / "o", "w") as out,
+        pytest.raises(
+            ColdStart, match=r"preloading asks_for_a_gpu loaded the CUDA driver \(libcuda\.so\.1\): a forked attempt"
+        ),
+    ):
+        pool.start(
+            (sys.executable, "who.py", "0"),
+            {**base, "SPOTCHAOS_RUN_ID": "e" * 12},
+            base,
+            folder,
+            ("asks_for_a_gpu",),
+            out.fileno(),
+            out.fileno(),
+        )
+
+
+def _loaded_path(prefix: str) -> str:
+    """Where this process mapped a library whose file name starts with ``prefix``."""
+    with open("/proc/self/maps") as maps:
+        return next(line.split()[-1] for line in maps if line.rsplit("/", 1)[-1].startswith(prefix))
+
+
 def test_an_optional_preload_that_does_not_import_is_left_to_the_attempt_and_the_start_stays_warm(folder):
     """The default preload names torch's compiler stack as optional: on a Python or a torch where it
     is missing or fails to import, the interpreter goes on without it, as a cold start would."""

@@ -10,8 +10,8 @@ imports nothing of spotchaos.
 
 Fork safety is checked, not assumed: a process with more than one thread after its imports and
 a trial fork (a library that started a pool and does not stop it when the process forks, as
-OpenBLAS's own fork handler does) cannot fork safely, so it answers with the reason and exits,
-and the harness starts that job cold.
+OpenBLAS's own fork handler does), or with the CUDA driver loaded by an import, cannot fork
+safely, so it answers with the reason and exits, and the harness starts that job cold.
 
 The run marker: the harness finds a job's processes by ``SPOTCHAOS_RUN_ID=<id>`` in
 ``/proc/<pid>/environ``, which the kernel reads from the memory the environment had at exec. A
@@ -47,6 +47,22 @@ def _threads() -> int:
         return 1
 
 
+def _cuda_driver() -> str:
+    """The CUDA driver library this process has mapped, or ''. An import that asks whether a GPU
+    is there (DeepSpeed's accelerator detection, ``torch.cuda.is_available()``) loads and
+    initialises it, and a driver initialised before a fork is unusable in the child; torch's CUDA
+    runtime alone (``libcudart``, mapped by ``import torch``) is not the driver."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                name = line.rsplit("/", 1)[-1].strip()
+                if name.startswith("libcuda.so"):
+                    return name
+    except OSError:
+        pass
+    return ""
+
+
 def _preload(names: list) -> str:
     """Import what the job declared (``?name``: only if it imports here: missing, or failing on this
     Python or this version of its package, it is left to the attempt, as a cold start would); the
@@ -60,6 +76,10 @@ def _preload(names: list) -> str:
                 return f"preloading {name!r} failed: {type(exc).__name__}: {exc}"[:300]
         except BaseException as exc:
             return f"preloading {name!r} failed: {type(exc).__name__}: {exc}"[:300]
+    driver = _cuda_driver()
+    if driver:
+        loaded = ", ".join(n.lstrip("?") for n in names)
+        return f"preloading {loaded} loaded the CUDA driver ({driver}): a forked attempt could not use the GPU"
     threads = _threads()
     if threads > 1:  # a pool whose library stops it before a fork (OpenBLAS's atfork handler) is safe
         pid = os.fork()
