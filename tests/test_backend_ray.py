@@ -29,6 +29,7 @@ from spotchaos.backends.raycluster.cluster import LOOPBACK_ENV
 from spotchaos.config.jobs import ConfigError, JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import SpotchaosError
 from spotchaos.families.preemption import ChaosFailure
+from spotchaos.faults.plan import Plan
 from spotchaos.host.leftovers import LIVE_DIR_VARIABLE, LiveJobs
 from spotchaos.host.processes import become_subreaper, descendants, end
 from spotchaos.record import ScenarioRecord
@@ -73,6 +74,22 @@ def test_a_notice_drains_the_node_a_kill_removes_it_and_each_restart_runs_elsewh
     alive = {node.node_id for node in cluster.nodes.values()}
     assert not alive & {nodes[0], nodes[1]}  # the drained node and the removed one are gone, replaced
     assert cluster.replaced >= 2 and not cluster.replace_errors, cluster.replace_errors
+
+
+def test_a_crash_point_inside_a_save_kills_the_job_on_its_node_and_the_resume_is_exact(ray_runner):
+    """The crash point is armed in the job's own process on the Ray node (the attempt's variables
+    reach it through the node's agent, the SIGKILL it deals itself is read back from there): it
+    lands before the planned event of a save, and the next attempt, on another node, resumes from
+    what that save left. The built-in scenario's search of every such point is the reference job's
+    (spotchaos/scenarios/test_checkpoint_damage.py): the same hook in the same trainer."""
+    rename = next(b for b in ray_runner.save_boundaries(RAY_JOB) if b["event"] == "os.rename")
+    with ScenarioRecord("ray-crash", RAY_JOB.name, None) as record:
+        assert ray_runner.check(RAY_JOB, Plan.parse(f"crash@{rename['index']}")).passed
+    run = record.runs[-1]
+    (fault,) = run["faults"]
+    assert fault["fault"] == "crash" and fault["detail"].startswith("before os.rename "), fault
+    nodes = [placement["node_id"] for placement in run["nodes"]]
+    assert len(nodes) == 2 and nodes[0] != nodes[1], run["nodes"]
 
 
 @pytest.mark.parametrize(
