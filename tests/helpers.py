@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,13 @@ def trainer_job(script: str = "reference_trainer", *args: str, name: str | None 
     """A job running one of the trainers in fixtures/ with a short schedule."""
     command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "16", "--checkpoint-every", "4", *args)
     return JobSpec(name=name or script, command=command, **kwargs)
+
+
+def sigint_as_from_a_terminal() -> None:
+    """``preexec_fn`` of a pytest that a test sends SIGINT: a shell that starts this suite in the
+    background (``cmd &``) hands its children SIGINT ignored, which Python then keeps, and the
+    Ctrl-C the test means would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def is_alive(pid: int) -> bool:

@@ -28,7 +28,7 @@ from spotchaos.faults.checkpoint import UnsafeCheckpoint
 from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosRunner
 
-from .helpers import ROOT, hostile_pickle_job, run_pytest
+from .helpers import ROOT, hostile_pickle_job, run_pytest, sigint_as_from_a_terminal
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +185,7 @@ def test_ctrl_c_in_the_middle_of_a_container_scenario_leaves_no_container(docker
         cwd=project,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        preexec_fn=sigint_as_from_a_terminal,
     )
     deadline = time.monotonic() + 90
     events = project / "spotchaos-report" / "runs"

@@ -189,7 +189,7 @@ def test_ctrl_c_in_the_middle_of_a_scenario_leaves_no_process(pytester):
     import sys
     import time
 
-    from .helpers import is_alive
+    from .helpers import is_alive, sigint_as_from_a_terminal
 
     pidfile = pytester.path / "job.pid"
     job = pytester.makepyfile(
@@ -212,6 +212,7 @@ for step in range(100000):
         cwd=pytester.path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        preexec_fn=sigint_as_from_a_terminal,
     )
     deadline = time.monotonic() + 60
     while not pidfile.exists() or not pidfile.read_text().strip():

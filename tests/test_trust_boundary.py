@@ -26,7 +26,7 @@ from spotchaos.faults.plan import Plan
 from spotchaos.runner import ChaosFailure
 from spotchaos.training.engine.run import EngineOptions, run_job
 
-from .helpers import FIXTURES, ROOT, hostile_pickle_job, is_alive, run_pytest
+from .helpers import FIXTURES, ROOT, hostile_pickle_job, is_alive, run_pytest, sigint_as_from_a_terminal
 
 VICTIM_TEXT = '{"files": {"model.pt": {"crc32c": "0123abcd"}}}\n' + "precious user data\n" * 64
 
@@ -308,6 +308,7 @@ def start_pytest(project: Path, live: Path, *args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=sigint_as_from_a_terminal,
     )
 
 
