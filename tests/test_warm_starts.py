@@ -54,13 +54,16 @@ def _base(**more: str) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", **more}
 
 
-def _fork(pool: WarmStarts, folder: Path, arg: str, run_id: str, preload=("json",), **env: str):
+def _fork(pool: WarmStarts, folder: Path, arg: str, run_id: str, preload=("json",), imports_from=None, **env: str):
+    """One attempt of who.py from ``pool``; ``imports_from``: a folder on PYTHONPATH from the warm
+    interpreter's start (where a preload of a test's own module is found)."""
+    start = _base(PYTHONPATH=str(imports_from)) if imports_from is not None else _base()
     out, err = folder / f"{run_id}.out", folder / f"{run_id}.err"
     with open(out, "w") as stdout, open(err, "w") as stderr:
         handle = pool.start(
             (sys.executable, "who.py", arg),
-            {**_base(), "SPOTCHAOS_RUN_ID": run_id, **env},
-            _base(),
+            {**start, "SPOTCHAOS_RUN_ID": run_id, **env},
+            start,
             folder,
             preload,
             stdout.fileno(),
@@ -135,22 +138,10 @@ def test_a_preload_that_fails_or_leaves_a_thread_running_means_cold_with_the_rea
     with WarmStarts(live=LiveJobs(folder / "live")) as pool:
         with pytest.raises(ColdStart, match=r"preloading 'no_such_module_xyz' failed: ModuleNotFoundError"):
             _fork(pool, folder, "0", "cccccccccccc", preload=("no_such_module_xyz",))
-        base = _base(PYTHONPATH=str(folder))
-        with (
-            pytest.raises(
-                ColdStart, match=r"2 threads were running after preloading threaded: a fork would not be safe"
-            ),
-            open(folder / "o", "w") as out,
+        with pytest.raises(
+            ColdStart, match=r"2 threads were running after preloading threaded: a fork would not be safe"
         ):
-            pool.start(
-                (sys.executable, "who.py", "0"),
-                {**base, "SPOTCHAOS_RUN_ID": "d" * 12},
-                base,
-                folder,
-                ("threaded",),
-                out.fileno(),
-                out.fileno(),
-            )
+            _fork(pool, folder, "0", "d" * 12, preload=("threaded",), imports_from=folder)
 
 
 def test_a_preload_that_loads_the_cuda_driver_means_cold_with_the_reason(folder):
@@ -160,23 +151,13 @@ def test_a_preload_that_loads_the_cuda_driver_means_cold_with_the_reason(folder)
     driver = folder / "libcuda.so.1"
     driver.write_bytes(Path(_loaded_path("libm.so")).read_bytes())
     (folder / "asks_for_a_gpu.py").write_text(f"import ctypes\nctypes.CDLL({str(driver)!r})\n")
-    base = _base(PYTHONPATH=str(folder))
     with (
         WarmStarts(live=LiveJobs(folder / "live")) as pool,
-        open(folder / "o", "w") as out,
         pytest.raises(
             ColdStart, match=r"preloading asks_for_a_gpu loaded the CUDA driver \(libcuda\.so\.1\): a forked attempt"
         ),
     ):
-        pool.start(
-            (sys.executable, "who.py", "0"),
-            {**base, "SPOTCHAOS_RUN_ID": "e" * 12},
-            base,
-            folder,
-            ("asks_for_a_gpu",),
-            out.fileno(),
-            out.fileno(),
-        )
+        _fork(pool, folder, "0", "e" * 12, preload=("asks_for_a_gpu",), imports_from=folder)
 
 
 def _loaded_path(prefix: str) -> str:

@@ -133,10 +133,10 @@ def resume_boundaries(core: SessionCore, job: JobSpec) -> tuple[Preemption, list
     and every plan crashing in that load start from the reference's copy of that checkpoint (where
     the job takes prefixes) and train the few steps after it, not the whole job; the kill still
     lands before the job finishes."""
-    steps = core.checkpoint_steps(job)
+    reference = core.reference(job)
+    steps = reference.saved_steps
     if not steps:
         raise SpotchaosError(f"job {job.name!r} reported no checkpoint: there is no load to crash inside")
-    reference = core.reference(job)
     late = reference.late_checkpoint()
     kill = Preemption(late + 1 if late is not None else min(steps[0] + 1, len(reference.steps) - 2), "sigkill")
     record, logs = trace(core, job, Plan((kill,)), prefix=True)
