@@ -38,6 +38,23 @@ class ExploreSettings:
     parallel: int = 1  # plans run at once ahead of the search (1: one after another, as drawn)
 
 
+def plans_at_once(job: JobSpec, *, ray_nodes: int = 0, local_cluster: bool = False, gpus: int = 0) -> int:
+    """How many of a scenario's plans may run at once by what they occupy: a job with ``gpus`` as
+    many as the machine's GPUs lease (1 without any); a Ray job as many as the cluster has worker
+    nodes (a torchrun job on Ray takes ``nnodes`` of them); a Ray Train job on the harness's local
+    cluster one per ``nproc_per_node`` worker nodes (its Train workers one a node), since a plan
+    mostly waits (Train V2's 5 s drain poll, the grace window, the group's restart) while its nodes
+    could run the next; on the user's cluster one, as Ray, not the harness, places its workers."""
+    if job.backend == "ray":
+        return max(1, ray_nodes // max(1, job.nnodes))
+    if job.launcher == "ray-train":
+        return max(1, ray_nodes // max(1, job.nproc_per_node)) if local_cluster else 1
+    request = job.gpu_request
+    if not isinstance(request, int) or isinstance(request, bool):
+        return 1
+    return max(1, gpus // request)
+
+
 def explore(
     core: SessionCore,
     job: JobSpec,

@@ -13,7 +13,7 @@ from spotchaos.errors import ConfigError
 from spotchaos.pytest_glue.options import resolve
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosFailure
-from spotchaos.search import ExploreSettings, explore
+from spotchaos.search import ExploreSettings, explore, plans_at_once
 from spotchaos.strategies import preemption_plans
 
 from .helpers import FIXTURES
@@ -66,3 +66,20 @@ def test_a_parallel_count_out_of_range_is_one_clear_error():
             seed="1", last_seed=None, profile=None, examples=None, output=None, plan=None, jobs=None,
             keep_runs=False, environ={}, settings=Settings(), parallel=0,
         )  # fmt: skip
+
+
+@pytest.mark.unit
+def test_plans_at_once_by_what_a_plan_of_the_job_occupies():
+    """A Ray job's plan takes a worker node (nnodes under torchrun), a Ray Train job's plan one node
+    per Train worker on the harness's local cluster and the whole of a user's cluster (Ray places
+    its workers), a GPU job's plan its GPUs; a plain job runs one plan at a time."""
+    job = trainer("reference_trainer")
+    assert plans_at_once(job, ray_nodes=4, local_cluster=True, gpus=8) == 1
+    assert plans_at_once(replace(job, backend="ray"), ray_nodes=4) == 4
+    train = replace(job, launcher="ray-train", nproc_per_node=2)
+    assert plans_at_once(train, ray_nodes=4, local_cluster=True) == 2
+    assert plans_at_once(train, ray_nodes=5, local_cluster=True) == 2
+    assert plans_at_once(train, ray_nodes=1, local_cluster=True) == 1
+    assert plans_at_once(train, ray_nodes=8, local_cluster=False) == 1
+    assert plans_at_once(replace(job, gpus=2), gpus=5) == 2
+    assert plans_at_once(replace(job, gpus=2), gpus=0) == 1

@@ -22,6 +22,7 @@ from ..config.jobs import JobSpec
 from ..errors import ScenarioFailure, SpotchaosError
 from ..record import ScenarioRecord, note_error, note_failure, note_plans
 from ..runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource
+from ..search import plans_at_once
 from ..session import entry_of
 from ..strategies import FirstPlans
 from .stash import RECORDS
@@ -143,14 +144,14 @@ class Scenario:
             self.runner.explore(job, plans, settings=settings, first=first)
 
     def _gpu_parallel(self, job: JobSpec) -> int:
-        """A job with gpus: as many plans at once as the machine's GPUs lease (1 without any); a Ray
-        job: as many as the cluster has worker nodes (a torchrun job on Ray takes nnodes of them)."""
-        if job.backend == "ray":
-            return max(1, len(self.runner.ray_cluster().nodes) // max(1, job.nnodes))
-        request = job.gpu_request
-        if not isinstance(request, int) or isinstance(request, bool):
-            return 1
-        return max(1, len(self.runner.gpus().devices) // request)
+        """What the job's machines allow at once (``plans_at_once``), read from the session's
+        cluster or GPUs only for a job that uses them."""
+        if job.backend == "ray" or job.launcher == "ray-train":
+            cluster = self.runner.ray_cluster()
+            return plans_at_once(job, ray_nodes=len(cluster.nodes), local_cluster=cluster.local)
+        if isinstance(job.gpu_request, int) and not isinstance(job.gpu_request, bool):
+            return plans_at_once(job, gpus=len(self.runner.gpus().devices))
+        return 1
 
     def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:
         measure = None
