@@ -182,7 +182,7 @@ class SessionCore:
         if job.launcher == "ray-train":  # the driver here, its workers on the cluster
             from .training.multirank.ray_train import RayTrainBackend
 
-            return RayTrainBackend(self.ray_cluster())
+            return RayTrainBackend(self.ray_cluster(), SubprocessBackend(warm=self.warm_starts))
         if job.backend == "ray":
             from .backends.raycluster import RayBackend
 

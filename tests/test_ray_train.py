@@ -109,10 +109,12 @@ def test_a_drain_notice_gets_a_just_in_time_checkpoint_and_ray_train_restores_it
     """sigterm on a Ray Train job: both workers' nodes drained for preemption (deadline 10 s); the
     loop reads it from ray.train.get_preemption_info(), reports a checkpoint and trains on; at the
     deadline the nodes go, and Ray Train restarts the group from that checkpoint on their
-    replacements, inside the same attempt, bit-exact."""
+    replacements, inside the same attempt, bit-exact. The driver forked from the job's warm
+    interpreter (ray and torch imported once a session), joined to the cluster alike."""
     run, verdict = train_runner.run(notice_job(), Plan.parse("sigterm@2"))
     assert verdict.passed, verdict.message()
     first, second = run.attempts[:2]
+    assert first.start_kind == "warm", first.start_kind
     fault = first.fault
     assert fault.fault == "sigterm" and fault.held and not fault.grace_exceeded, fault
     assert "drained: drain accepted" in fault.detail and "deadline in 10 s" in fault.detail, fault

@@ -18,6 +18,9 @@ FRAMEWORK_PRELOAD = {
     "lightning": ("?lightning.pytorch",),
     "accelerate": ("?accelerate",),
 }
+# what a Ray Train driver imports before it joins the cluster; not ray.train, whose import of
+# pyarrow starts jemalloc's background thread (a fork would not be safe)
+LAUNCHER_PRELOAD = {"ray-train": ("?ray",)}
 
 
 def preload_of(job: JobSpec) -> tuple[str, ...]:
@@ -29,7 +32,7 @@ def preload_of(job: JobSpec) -> tuple[str, ...]:
     step 0.15 s after the fork."""
     if job.preload is not None:
         return job.preload
-    return (*DEFAULT_PRELOAD, *FRAMEWORK_PRELOAD.get(job.framework or "", ()))
+    return (*DEFAULT_PRELOAD, *FRAMEWORK_PRELOAD.get(job.framework or "", ()), *LAUNCHER_PRELOAD.get(job.launcher, ()))
 
 
 def start_environment(backend: Any, job: JobSpec) -> dict[str, str]:
@@ -39,13 +42,14 @@ def start_environment(backend: Any, job: JobSpec) -> dict[str, str]:
 
 
 def may_start_warm(job: JobSpec, backend: Any) -> bool:
-    """A local Python job's process, or torchrun's agents of a local multi-rank one (``python
-    -m torch.distributed.run``: its ranks are its own processes), on a backend that keeps warm
-    interpreters (a container's or a Ray node's processes start cold)."""
+    """A local Python job's process, torchrun's agents of a local multi-rank one (``python -m
+    torch.distributed.run``: its ranks are its own processes), or a Ray Train job's driver (a local
+    process; its workers are Ray's), on a backend that keeps warm interpreters (a container's or a
+    Ray node's processes start cold)."""
+    local = {"python": "subprocess", "torchrun": "subprocess", "ray-train": "ray-train"}
     return (
         getattr(backend, "warm", None) is not None
         and job.warm
         and job.container is None
-        and job.launcher in ("python", "torchrun")
-        and backend.name == "subprocess"
+        and local.get(job.launcher) == backend.name
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import signal
 from dataclasses import replace
+from typing import Any
 
 from ...backends.base import Backend, LaunchSpec
 from ...backends.raycluster.cluster import LOOPBACK_ENV, RayCluster, RayNode, with_auth
@@ -53,6 +54,11 @@ class RayTrainBackend:
     def __init__(self, cluster: RayCluster, driver: Backend | None = None) -> None:
         self.cluster = cluster
         self.driver = driver or SubprocessBackend()
+
+    @property
+    def warm(self) -> Any:
+        """The warm interpreters the driver forks from (its ``SubprocessBackend``'s), or None."""
+        return getattr(self.driver, "warm", None)
 
     def inherited_environment(self) -> dict[str, str]:
         return self.driver.inherited_environment()
@@ -96,12 +102,22 @@ class RayTrainHandle(RankedHandle):
         super().__init__(job, run_id)
         self.cluster = backend.cluster
         env = driver_environment(spec.env, self.cluster)
-        driver = backend.driver.start(replace(spec, env=env))
+        # a warm driver's interpreter starts joined already (the cluster's address, its loopback
+        # settings and authentication, which Ray reads once per process): only the attempt's own
+        # variables differ between its forks
+        start_env = None if spec.start_env is None else driver_environment(spec.start_env, self.cluster)
+        driver = backend.driver.start(replace(spec, env=env, start_env=start_env))
         self.nodes.append(LaunchedNode(0, driver))
         self.identity = {**getattr(driver, "identity", {})}
         self.removed: list[str] = []
         self.drained: list[RayNode] = []  # by a notice, until its deadline
         self.rank_nodes: dict[int, list[str]] = {}
+
+    @property
+    def start_kind(self) -> str:
+        """The driver's start: "warm" where it forked from the job's warm interpreter; its Train
+        workers are Ray's processes, which Ray starts either way."""
+        return getattr(self.nodes[0].handle, "start_kind", "cold")
 
     def notify(self, signum: int, *, whole_group: bool) -> None:
         """A notice reaches a Ray Train job as a spot reclaim does: every node that runs one of its
