@@ -388,3 +388,31 @@ def test_built_in_scenarios_beside_a_project_own_run_only_when_asked(pytester, s
     assert ("test_preemption.py::" in listed.stdout.str()) is built_in, listed.stdout.str()
     named = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q", "test_s.py")  # a file named: only it
     assert "test_preemption.py::" not in named.stdout.str()
+
+
+def test_a_jobs_scenarios_run_one_after_another_those_on_the_ray_cluster_first(pytester):
+    """pytest lists a module's items test by test; the session runs them job by job (so pytest-xdist
+    keeps a job's reference run, warm interpreter and reused plans on one worker), with the jobs of
+    the Ray cluster first: the longest chain, on one cluster."""
+    jobs = """
+[tool.spotchaos.jobs.other]
+command = ["python", "other.py"]
+[tool.spotchaos.jobs.on-ray]
+command = ["python", "x.py"]
+backend = "ray"
+"""
+    pytester.makefile(".toml", pyproject=pyproject() + jobs)
+    pytester.makepyfile(
+        test_s=SCENARIO + "\n\ndef test_again(spotchaos, spotchaos_job):\n    pass\n\n\ndef test_plain():\n    pass\n"
+    )
+    listed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q")
+    lines = [line for line in listed.outlines if line.startswith("test_s.py::")]
+    assert lines == [
+        "test_s.py::test_resume[on-ray]",
+        "test_s.py::test_again[on-ray]",
+        "test_s.py::test_resume[ref]",
+        "test_s.py::test_again[ref]",
+        "test_s.py::test_resume[other]",
+        "test_s.py::test_again[other]",
+        "test_s.py::test_plain",
+    ], lines

@@ -38,6 +38,7 @@ from ..safety.safefs import NotPrivate
 from ..safety.sanitize import visible
 from ..training.reference.cache import ReferenceCache
 from .options import RunOptions, resolve
+from .order import by_job
 from .stash import RECORDS, STATE
 
 LOG = logging.getLogger("spotchaos")
@@ -344,13 +345,15 @@ class _Collector:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         """``builtin`` unset: the built-in scenarios are the gate of a project without scenarios of
         its own; beside its own they run only with ``builtin = true``. A scenario is left out for the
-        jobs that lack what it needs when they were not named (``spotchaos_unfit``)."""
+        jobs that lack what it needs when they were not named (``spotchaos_unfit``). The rest run
+        job by job (``order.by_job``)."""
         unfit = [i for i in items if i.get_closest_marker("spotchaos_unfit")]
         if self.state.settings.builtin is None and _own_scenarios(items):
             unfit += [i for i in items if Path(str(i.path)).resolve().is_relative_to(BUILTIN)]
         if unfit:
             config.hook.pytest_deselected(items=unfit)
             items[:] = [i for i in items if i not in unfit]
+        items[:] = by_job(items)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         state = self.state
