@@ -30,8 +30,8 @@ from spotchaos.config.jobs import ConfigError, JobSpec, job_from_mapping, load_s
 from spotchaos.errors import SpotchaosError
 from spotchaos.families.preemption import ChaosFailure
 from spotchaos.faults.plan import Plan
-from spotchaos.host.leftovers import LIVE_DIR_VARIABLE, LiveJobs
-from spotchaos.host.processes import become_subreaper, descendants, end
+from spotchaos.host.leftovers import LIVE_DIR_VARIABLE, MARKER_VARIABLE, LiveJobs
+from spotchaos.host.processes import become_subreaper, carrying, descendants, end
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosRunner
 
@@ -433,3 +433,22 @@ def test_a_ray_job_asks_a_node_for_a_cpu_its_gpus_and_its_custom_resources():
     )
     assert job.ray_needs() == {"CPU": 1.0, "GPU": 1.0, "spot": 1.0}
     assert replace(job, backend="subprocess").on_backend("ray").backend == "ray"
+
+
+def test_the_clusters_nodes_run_with_a_quick_health_check_and_a_calmer_log_monitor(ray_runner):
+    """Every log monitor of the cluster (one a node) globs its folder every 0.5 s, not 0.1 s, and the
+    head's GCS calls a node dead after 3 missed checks a second apart: read from the processes'
+    own environments (what the kernel says they started with)."""
+    cluster = ray_runner.ray_cluster()
+    ours = carrying(f"{MARKER_VARIABLE}={cluster._marker}")
+    monitors = [pid for pid in ours if "log_monitor.py" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert len(monitors) == len(cluster.nodes) + 1, monitors  # the head's and each worker node's
+    for pid in monitors:
+        assert environment_of(pid)["RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"] == "0", pid
+    (gcs,) = [pid for pid in ours if "gcs_server" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert environment_of(gcs)["RAY_health_check_failure_threshold"] == "3"
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(pair.split("=", 1) for pair in pairs if "=" in pair)
