@@ -86,8 +86,17 @@ def entry_of(method: object) -> Entry | None:
     return getattr(method, "__spotchaos_entry__", None)
 
 
+def held_key(job: JobSpec) -> str:
+    """What a session keeps a job's reference and passed plans by: the job's key (what shapes its
+    trajectory) and how its runs are made. A twin of the same command on another backend, or with
+    prefixes off, has its reference taken without the snapshots and file-system events the other
+    starts its plans from, and its faults delivered another way (a Ray node drained, not a process
+    signalled): sharing one reference, the twin run first left the other without prefixes."""
+    return f"{job.key()}:{job.backend}:{'prefix' if why_no_prefix(job) is None else 'whole'}"
+
+
 def _audit_key(job: JobSpec) -> str:
-    return f"{job.key()}x{job.uninterrupted_runs}"  # the same reference serves any number of runs
+    return f"{held_key(job)}x{job.uninterrupted_runs}"  # the same reference serves any number of runs
 
 
 class SessionCore:
@@ -138,7 +147,7 @@ class SessionCore:
     def reference(self, job: JobSpec) -> RunRecord:
         """The uninterrupted run of ``job``, computed once per session and job configuration (or
         read from the reference cache, where the session has one and the job is unchanged)."""
-        key = job.key()
+        key = held_key(job)
         if key not in self._references:
             self._references[key] = _cached_or_trained(self, job)
         if job.uninterrupted_runs > 1 and _audit_key(job) not in self._audits:
@@ -264,9 +273,9 @@ class SessionCore:
         uninterrupted run taught (that run comes first, with ``learn``)."""
         convention = None
         if job.log is not None and not learn:
-            if job.key() not in self._references:
+            if held_key(job) not in self._references:
                 self.reference(job)  # not on every run: its audit's own runs come through here
-            convention = self._conventions[job.key()]
+            convention = self._conventions[held_key(job)]
         with self._storage(job) as storage_env:
             hook = None
             if before_restart is not None:
@@ -299,7 +308,7 @@ class SessionCore:
                     self.s3.add(fault)
                     added.callback(self.s3.remove, fault)
                 record = run_job(job, plan, workdir, options)
-        reference = self._references.get(job.key())
+        reference = self._references.get(held_key(job))
         note_cost(record, len(reference.steps) if reference is not None else len(record.steps) if learn else None)
         return record
 
@@ -307,7 +316,7 @@ class SessionCore:
         """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's checkpoint
         before its first fault where it can (training/reference/prefix.py), and from step 0 again if that fails;
         ``reuse``: a plan this session's searches already passed on the job is not run again."""
-        if reuse and (ran := self._passed.get((job.key(), str(plan)))) is not None:
+        if reuse and (ran := self._passed.get((held_key(job), str(plan)))) is not None:
             return replace(ran[0], reused=True), ran[1]
         start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
         record, verdict = self._judged(job, plan, start)
@@ -316,7 +325,7 @@ class SessionCore:
             start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
             record, verdict = self._judged(job, plan, start)
         if verdict.passed and reuse:
-            self._passed[(job.key(), str(plan))] = (record, verdict)
+            self._passed[(held_key(job), str(plan))] = (record, verdict)
         if not verdict.passed:  # no more prefixes for the job: the search shrinks from step 0, as it always did
             if start is not None:
                 self.discard(record)
@@ -401,7 +410,7 @@ def _cached_or_trained(core: SessionCore, job: JobSpec, *, fresh: bool = False) 
         if isinstance(found, Cached):
             core.prefixes.cached(job, found.record, found.snapshots)
             found.record.cache = {"read": True, "said": found.said}
-            core._from_cache.add(job.key())
+            core._from_cache.add(held_key(job))
             note_cached_reference()
             return found.record
         said = found
@@ -416,7 +425,7 @@ def _cached_or_trained(core: SessionCore, job: JobSpec, *, fresh: bool = False) 
         raise SpotchaosError(f"job {job.name!r} reported no step in its uninterrupted run")
     core.prefixes.taken(job, record, snapshots)
     if record.convention is not None:
-        core._conventions[job.key()] = convention_from_dict(record.convention)
+        core._conventions[held_key(job)] = convention_from_dict(record.convention)
     if cache is not None:
         stored = cache.store(job, core.root, record, snapshots)
         record.cache = {"read": False, "said": f"{said}; {stored}" if said else stored}
@@ -427,7 +436,7 @@ def _stale_reference(core: SessionCore, job: JobSpec) -> bool:
     """A run of ``job`` failed while its reference came from the cache: train the reference again
     and compare. True when they differ (the cache was stale: the new one replaces it, and the
     run must be judged again); False when they agree or the reference was trained this session."""
-    key = job.key()
+    key = held_key(job)
     with core._reference_lock:
         if key not in core._from_cache:
             return False

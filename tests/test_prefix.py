@@ -292,3 +292,22 @@ def test_prefix_and_its_budget_are_checked_where_declared():
         job_from_mapping("a", {"command": ["x"], "snapshot_budget": "1GB"}, "pyproject.toml")
     with pytest.raises(ConfigError, match=r"prefix: must be true or false"):
         job_from_mapping("a", {"command": ["x"], "prefix": "no"}, "pyproject.toml")
+
+
+def test_a_twin_run_first_without_prefixes_leaves_the_job_its_own_reference_and_its_prefixes(tmp_path):
+    """Two jobs of one command share a trajectory (one key): the main job's `reference` and
+    `reference-ray`, or a twin with prefixes off. The twin's reference is taken without snapshots;
+    run first and shared, it left the job every plan from step 0 (the main job once trained 550
+    steps for `reference` where 150 had done)."""
+    job = trainer(name="with-prefixes")
+    twin = replace(job, name="without-prefixes", prefix=False)
+    assert twin.key() == job.key()
+    with ChaosRunner(ROOT, workdir=tmp_path) as runner:
+        whole = runner.reference(twin)
+        assert whole.snapshots == {"steps": [], "refused": "prefix = false"}, whole.snapshots
+        reference = runner.reference(job)
+        assert reference is not whole and reference.snapshots["steps"], reference.snapshots
+        run, verdict = runner.run(job, Plan.parse("sigkill@13"), prefix=True)
+        assert verdict.passed, verdict.message()
+        assert run.prefix_step is not None and run.prefix_step < 13, run.prefix_step
+        assert runner.reference(twin) is whole  # each keeps its own for the session
