@@ -241,6 +241,11 @@ class JobSpec:
         return self.launcher in MULTI_RANK_LAUNCHERS
 
     @property
+    def on_ray_cluster(self) -> bool:
+        """Whether its attempts take the session's Ray cluster (the Ray backend, Ray Train's workers)."""
+        return self.backend == "ray" or self.launcher == "ray-train"
+
+    @property
     def gpu_request(self) -> int | str | None:
         """The GPUs an attempt leases: a count, "all", or None (it needs none)."""
         if self.gpus is not None:

@@ -24,10 +24,6 @@ def _subject(item: pytest.Item) -> Any:
     return params.get("spotchaos_job") or params.get("spotchaos_service")
 
 
-def _on_ray(subject: Any) -> bool:
-    return getattr(subject, "backend", None) == "ray" or getattr(subject, "launcher", None) == "ray-train"
-
-
 def by_job(items: list[pytest.Item]) -> list[pytest.Item]:
     """``items`` with each job's scenarios together where its first one was, those of jobs on the
     Ray cluster first; every other item keeps its place among the groups."""
@@ -35,7 +31,7 @@ def by_job(items: list[pytest.Item]) -> list[pytest.Item]:
     keys = []
     for index, item in enumerate(items):
         subject = _subject(item)
-        group = ("subject", subject.name) if subject is not None and hasattr(subject, "name") else ("item", index)
+        group = ("subject", subject.name) if subject is not None else ("item", index)
         first.setdefault(group, index)
-        keys.append((not _on_ray(subject), first[group], index))
+        keys.append((not getattr(subject, "on_ray_cluster", False), first[group], index))
     return [item for _, item in sorted(zip(keys, items, strict=True), key=lambda pair: pair[0])]

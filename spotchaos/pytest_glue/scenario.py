@@ -134,7 +134,7 @@ class Scenario:
             self.runner.check(job, self._state.options.plan)
             return
         options = self._state.options
-        parallel = options.parallel or self._gpu_parallel(job)
+        parallel = options.parallel or self._plans_at_once(job)
         settings = ExploreSettings(
             max_examples=options.max_examples, seed=self._seed, verbose=options.verbose, parallel=parallel
         )
@@ -143,15 +143,14 @@ class Scenario:
         else:
             self.runner.explore(job, plans, settings=settings, first=first)
 
-    def _gpu_parallel(self, job: JobSpec) -> int:
-        """What the job's machines allow at once (``plans_at_once``), read from the session's
-        cluster or GPUs only for a job that uses them."""
-        if job.backend == "ray" or job.launcher == "ray-train":
+    def _plans_at_once(self, job: JobSpec) -> int:
+        """What the job's machines allow at once (``search.plans_at_once``), read from the
+        session's cluster or GPUs only for a job that uses them."""
+        if job.on_ray_cluster:
             cluster = self.runner.ray_cluster()
             return plans_at_once(job, ray_nodes=len(cluster.nodes), local_cluster=cluster.local)
-        if isinstance(job.gpu_request, int) and not isinstance(job.gpu_request, bool):
-            return plans_at_once(job, gpus=len(self.runner.gpus().devices))
-        return 1
+        gpus = len(self.runner.gpus().devices) if job.gpu_request is not None else 0
+        return plans_at_once(job, gpus=gpus)
 
     def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:
         measure = None
