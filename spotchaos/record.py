@@ -12,6 +12,7 @@ and whatever a family notes inside goes to it. Outside one, noting does nothing.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
@@ -54,12 +55,13 @@ class ScenarioRecord:
 
 
 _CURRENT: ContextVar[ScenarioRecord | None] = ContextVar("spotchaos_scenario_record", default=None)
+_COST_LOCK = threading.Lock()
 
 
 def current() -> ScenarioRecord | None:
     """The record of the scenario running in this context; None outside one. A thread pool's
-    threads start without it: only the thread that entered the record notes (the search's plans
-    run ahead in threads and are noted when the search reaches them)."""
+    threads start without it unless given a copy of the context: the search's plans run ahead in
+    threads note their runs' cost there (under a lock), and their runs when the search reaches them."""
     return _CURRENT.get()
 
 
@@ -125,37 +127,45 @@ def note_cost(run: RunRecord, reference_steps: int | None) -> None:
     record = current()
     if record is None:
         return
-    cost = record.cost or empty_cost()
+    with _COST_LOCK:  # plans run ahead in threads note here too
+        record.cost = _add_run(record.cost or empty_cost(), run, reference_steps)
+
+
+def _add_run(cost: dict[str, Any], run: RunRecord, reference_steps: int | None) -> dict[str, Any]:
     trained = run.trained  # a prefix from the reference is credited, neither started nor trained
+    # a start is a launch: a group restarted in place (torchrun's agent, Ray Train's controller) is
+    # an attempt of its own but no start, neither warm nor cold
+    launched = [a for a in trained if not a.group_restart]
     startup = sum(a.start_seconds or 0.0 for a in trained)
     attempts = sum(a.wall_seconds for a in trained)
     cost["runs"] += 1
-    cost["starts"] += len({a.launch if a.launch is not None else a.index for a in trained})
+    cost["starts"] += len(launched)
     steps = sum(len(a.steps) for a in trained)
     cost["steps"] += steps
     cost["prefix_steps"] = cost.get("prefix_steps", 0) + len(run.steps) - steps
     cost["prefix_runs"] = cost.get("prefix_runs", 0) + (run.prefix_step is not None)
     cost["reference_steps"] = reference_steps if reference_steps else cost["reference_steps"]
     cost["startup_seconds"] = round(cost["startup_seconds"] + startup, 3)
-    warm = [a for a in trained if a.start_kind == "warm"]
+    warm = [a for a in launched if a.start_kind == "warm"]
     cost["warm_starts"] += len(warm)
     cost["warm_startup_seconds"] = round(cost["warm_startup_seconds"] + sum(a.start_seconds or 0.0 for a in warm), 3)
-    cold = Counter(a.start_kind.partition(": ")[2] for a in trained if a.start_kind.startswith("cold: "))
+    cold = Counter(a.start_kind.partition(": ")[2] for a in launched if a.start_kind.startswith("cold: "))
     add_cold_reasons(cost["cold_because"], cold)
     cost["training_seconds"] = round(cost["training_seconds"] + max(0.0, attempts - startup), 3)
     held = sum(a.wall_seconds * a.gpu_count for a in trained)  # a GPU is paid for from launch to exit
     cost["gpu_seconds"] = round(cost.get("gpu_seconds", 0.0) + held, 3)
     cost["harness_seconds"] = round(cost["harness_seconds"] + max(0.0, run.wall_seconds - attempts), 3)
-    record.cost = cost
+    return cost
 
 
 def note_cached_reference() -> None:
     """The job's reference was read from the reference cache, for the scenario running now: no run made."""
     record = current()
     if record is not None:
-        cost = record.cost or empty_cost()
-        cost["cached_references"] = cost.get("cached_references", 0) + 1
-        record.cost = cost
+        with _COST_LOCK:
+            cost = record.cost or empty_cost()
+            cost["cached_references"] = cost.get("cached_references", 0) + 1
+            record.cost = cost
 
 
 def note_harness(seconds: float) -> None:
@@ -163,7 +173,8 @@ def note_harness(seconds: float) -> None:
     reading checkpoints in the job's confinement, the leak scan), added to its harness seconds."""
     record = current()
     if record is not None and record.cost:
-        record.cost["harness_seconds"] = round(record.cost["harness_seconds"] + seconds, 3)
+        with _COST_LOCK:
+            record.cost["harness_seconds"] = round(record.cost["harness_seconds"] + seconds, 3)
 
 
 def note_plans(count: int, *, add: bool = False) -> None:

@@ -3,6 +3,7 @@ smallest plan that still fails. It knows how to call a check, not what the check
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -315,8 +316,11 @@ def _run_ahead(
                 stop.set()
         spans.append((begun, time.monotonic()))
 
+    # each plan's thread notes in the scenario's record (its runs' cost: they are made whether the
+    # search reaches them or not), as the search's own thread does
+    contexts = [contextvars.copy_context() for _ in plans]
     with ThreadPoolExecutor(max_workers=settings.parallel, thread_name_prefix="spotchaos-plan") as pool:
-        list(pool.map(run, plans))
+        list(pool.map(lambda plan, context: context.run(run, plan), plans, contexts))
     note_figures(
         {
             "parallel": {

@@ -79,3 +79,28 @@ def test_a_gpu_gate_is_billed_in_device_seconds_of_the_gpus_each_attempt_held():
     document = {"summary": {"passed": 1, "scenarios": 1}, "scenarios": [], "cost": {"ref": {**record.cost}}}
     assert "| 30 |" in render_markdown(document).split("| GPU-seconds |")[1]
     assert '<td class="num">30</td></tr>' in render_html(document)
+
+
+@pytest.mark.unit
+def test_a_group_restarted_in_place_is_an_attempt_but_no_start():
+    """Ray Train's controller (torchrun's agent) restarts the group inside one launch: each group
+    run is judged as an attempt, but only the launch was a start, warm or cold; counting every
+    attempt once gave more warm starts than starts, and a negative cold start-up."""
+    from spotchaos.record import ScenarioRecord, note_cost
+    from spotchaos.training.trajectory import Attempt, RunRecord
+
+    def attempt(index: int, launch: int, restart: int, kind: str, start: float) -> Attempt:
+        return Attempt(index, 0, 10.0, start, launch=launch, group_restart=restart, start_kind=kind)
+
+    attempts = [
+        attempt(0, 0, 0, "warm", 2.0),
+        attempt(1, 0, 1, "warm", 0.0),  # the controller's restart: the same launch
+        attempt(2, 1, 0, "cold: threads", 6.0),
+        attempt(3, 1, 1, "cold: threads", 0.0),
+    ]
+    with ScenarioRecord("ray-train", "rt", None) as record:
+        note_cost(RunRecord("rt", "lose-node1@3,sigkill@8", attempts, 45.0, "/tmp/run"), 12)
+    cost = record.cost
+    assert (cost["starts"], cost["warm_starts"], cost["cold_because"]) == (2, 1, {"threads": 1}), cost
+    line = cost_line("rt", per_job([{"scenario": "ray-train", "job": "rt", "cost": cost}])["rt"])
+    assert "2 starts (1 warm: 2.0 s each, cold 6.0 s)" in line, line

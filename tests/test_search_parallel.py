@@ -47,6 +47,11 @@ def test_plans_run_two_at_a_time_and_the_search_decides_as_it_would_one_at_a_tim
     figures = parallel.figures["parallel"]
     assert figures["workers"] == 2 and figures["plans_run_ahead"] == 2 and figures["max_concurrent"] == 2
     assert "parallel" not in serial.figures
+    # the plans run ahead in threads are on the gate's cost as the serial ones (they once were not:
+    # the Ray jobs' scenarios showed the reference's run alone)
+    counts = ("runs", "starts", "steps", "prefix_runs")
+    assert [parallel.cost[c] for c in counts] == [serial.cost[c] for c in counts], (parallel.cost, serial.cost)
+    assert parallel.cost["runs"] >= 3  # the twin's reference and its two plans
 
 
 @pytest.mark.full  # CI: the parallel search decides as the serial one; its shrink is the full run's
