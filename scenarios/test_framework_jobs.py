@@ -1,7 +1,8 @@
 """The built-in scenarios (preemptions, damaged checkpoints, budgets) on the bundled jobs written
-from the frameworks' tutorials and on the reference trainer's data-loader variants: the Hugging
-Face Trainer, Lightning, accelerate, the reference trainer with DataLoader workers and the one
-whose data position is torchdata's ``StatefulDataLoader``. One file of the main job, so one
+from the frameworks' tutorials and on the data-loader variant whose checkpoint holds its data
+position: the Hugging Face Trainer, Lightning, accelerate, and the trainer whose data position is
+torchdata's ``StatefulDataLoader``. (The reference trainer with DataLoader workers is
+scenarios/test_loader_workers.py's.) One file of the main job, so one
 ``pytest -n 3 --spotchaos scenarios`` balances them with every other family's scenarios across its
 workers (they were a second command, run after the first). CI runs a subset of each
 (tests/test_frameworks.py, tests/test_stateful_loader.py), so these are the main job's (``full``).
@@ -26,6 +27,6 @@ from spotchaos.scenarios.test_preemption import (  # noqa: F401
     test_notice_then_resume_is_bit_exact,
 )
 
-JOBS = ["hf-trainer", "lightning", "accelerate", "reference-workers", "stateful-loader"]
+JOBS = ["hf-trainer", "lightning", "accelerate", "stateful-loader"]
 
 pytestmark = [pytest.mark.spotchaos(jobs=JOBS), pytest.mark.full]
