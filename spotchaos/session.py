@@ -38,7 +38,7 @@ from .training.engine.run import run_job
 from .training.judgement import compares_state, judge_run, state_difference, weights_distance
 from .training.logadapter import StepConvention, convention_from_dict
 from .training.reference.cache import Cached, ReferenceCache, reference_difference
-from .training.reference.prefix import Prefix, Prefixes, Snapshots, snapshots_dir
+from .training.reference.prefix import Prefix, Prefixes, Snapshots, held_key, snapshots_dir
 from .training.reference.prefix import why_not as why_no_prefix
 from .training.state.diff import StateDifference
 from .training.state.kept import KeptCopies, kept_dir
@@ -84,15 +84,6 @@ def query(method: _F) -> _F:
 def entry_of(method: object) -> Entry | None:
     """How the fixture offers ``method``: None when it is no entry point."""
     return getattr(method, "__spotchaos_entry__", None)
-
-
-def held_key(job: JobSpec) -> str:
-    """What a session keeps a job's reference and passed plans by: the job's key (what shapes its
-    trajectory) and how its runs are made. A twin of the same command on another backend, or with
-    prefixes off, has its reference taken without the snapshots and file-system events the other
-    starts its plans from, and its faults delivered another way (a Ray node drained, not a process
-    signalled): sharing one reference, the twin run first left the other without prefixes."""
-    return f"{job.key()}:{job.backend}:{'prefix' if why_no_prefix(job) is None else 'whole'}"
 
 
 def _audit_key(job: JobSpec) -> str:
@@ -175,8 +166,8 @@ class SessionCore:
 
     @query
     def checkpoint_steps(self, job: JobSpec) -> list[int]:
-        """Steps after which the uninterrupted run reported a durable checkpoint."""
-        return [e["step"] for e in self.reference(job).attempts[0].of_kind("checkpoint")]
+        """Steps after which the uninterrupted run reported a durable checkpoint, each once (``saved_steps``)."""
+        return self.reference(job).saved_steps
 
     def gpus(self) -> GpuPool:
         """The GPUs attempts lease: ``[tool.spotchaos] gpus`` of the session's project (or

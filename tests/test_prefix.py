@@ -27,7 +27,7 @@ from spotchaos.runner import ChaosFailure, ChaosRunner
 from spotchaos.search import ExploreSettings, explore
 from spotchaos.strategies import preemption_plans
 from spotchaos.training.engine.hold import CheckpointHold
-from spotchaos.training.reference.prefix import Snapshots, choose, open_snapshots, why_not
+from spotchaos.training.reference.prefix import Prefixes, Snapshots, choose, open_snapshots, why_not
 
 from .helpers import FIXTURES, ROOT
 
@@ -311,3 +311,17 @@ def test_a_twin_run_first_without_prefixes_leaves_the_job_its_own_reference_and_
         assert verdict.passed, verdict.message()
         assert run.prefix_step is not None and run.prefix_step < 13, run.prefix_step
         assert runner.reference(twin) is whole  # each keeps its own for the session
+
+
+@pytest.mark.unit
+def test_a_twins_fresh_start_is_its_own_and_leaves_the_job_one():
+    """The claim of the session's one plan from step 0 is kept per job as its reference is: a twin
+    (another backend, prefixes off) that claimed it first, keyed by the command alone, once left the
+    job without a fresh start, so its fresh-start path (and a cached reference's check) went untested."""
+    job = trainer(name="with-prefixes")
+    twin = replace(job, name="without-prefixes", prefix=False)
+    prefixes = Prefixes(enabled=True)
+    assert prefixes.claim_fresh_start(twin, Plan.parse("sigkill@5"))
+    assert prefixes.claim_fresh_start(job, Plan.parse("sigkill@9"))  # its own, not the twin's
+    assert not prefixes.claim_fresh_start(job, Plan.parse("sigkill@13"))
+    assert prefixes.claim_fresh_start(job, Plan.parse("sigkill@9"))  # the claimant asks again: still its

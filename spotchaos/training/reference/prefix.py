@@ -240,14 +240,24 @@ def open_snapshots(workdir: Path, budget: int | None) -> Snapshots:
     return Snapshots(folder, budget if budget is not None else default_budget(folder))
 
 
+def held_key(job: JobSpec) -> str:
+    """What a session keeps a job's reference, passed plans, snapshots and claims by: the job's key
+    (what shapes its trajectory) and how its runs are made. A twin of the same command on another
+    backend, or with prefixes off, has its reference taken without the snapshots and file-system
+    events the other starts its plans from, and its faults delivered another way (a Ray node
+    drained, not a process signalled): sharing one reference, the twin run first left the other
+    without prefixes; sharing the claim of a fresh start, it left the other with none."""
+    return f"{job.key()}:{job.backend}:{'prefix' if why_not(job) is None else 'whole'}"
+
+
 class Prefixes:
-    """One session's snapshots, per job key: opened with each reference, consulted for each plan,
+    """One session's snapshots, per job (``held_key``): opened with each reference, consulted for each plan,
     given up for a job once one of its plans fails (its search then shrinks from step 0)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled  # --spotchaos-prefix=off: every plan from step 0
         self._snapshots: dict[str, Snapshots] = {}
-        self._claimed: dict[tuple[str, str], str] = {}  # (what, job key) -> the plan that claimed it
+        self._claimed: dict[tuple[str, str], str] = {}  # (what, held_key) -> the plan that claimed it
         self._lock = threading.Lock()
 
     def claim_fresh_start(self, job: JobSpec, plan: Plan) -> bool:
@@ -266,14 +276,14 @@ class Prefixes:
         counted from the start) and another such plan of the job already ran. Each of them
         trains the whole job again for what the first already tested; a search sets it aside for
         another draw (``search._Cells``), as it does a plan of a cell it has covered."""
-        snapshots = self._snapshots.get(job.key()) if why_not(job) is None else None
+        snapshots = self._snapshots.get(held_key(job))
         if snapshots is None or snapshots.refused is not None or not snapshots.taken:
             return True  # every plan of the job starts from step 0: none costs more than another
         return self.start(job, plan, reference) is not None or self._claim("early life", job, plan)
 
     def _claim(self, what: str, job: JobSpec, plan: Plan) -> bool:
         with self._lock:
-            claimed = self._claimed.setdefault((what, job.key()), str(plan))
+            claimed = self._claimed.setdefault((what, held_key(job)), str(plan))
             return claimed == str(plan)
 
     def open(self, job: JobSpec, workdir: Path) -> Snapshots | None:
@@ -284,7 +294,7 @@ class Prefixes:
         """After the reference: refuse a checkpoint naming its folder; say on it what plans may start from."""
         if snapshots is not None:
             snapshots.check_names(Path(reference.workdir) / "checkpoints")
-            self._snapshots[job.key()] = snapshots
+            self._snapshots[held_key(job)] = snapshots
             reference.snapshots = snapshots.describe()
         elif self.enabled:
             reference.snapshots = {"steps": [], "refused": why_not(job)}
@@ -292,12 +302,12 @@ class Prefixes:
     def cached(self, job: JobSpec, reference: RunRecord, snapshots: Snapshots | None) -> None:
         """A reference read from the cache, with the snapshots it was kept with (already checked)."""
         if snapshots is not None:
-            self._snapshots[job.key()] = snapshots
+            self._snapshots[held_key(job)] = snapshots
             reference.snapshots = snapshots.describe()
 
     def start(self, job: JobSpec, plan: Plan, reference: RunRecord) -> Prefix | None:
         """Where ``plan`` may start: the reference's newest snapshot before its first fault."""
-        snapshots = self._snapshots.get(job.key()) if why_not(job) is None else None  # a twin job may have it off
+        snapshots = self._snapshots.get(held_key(job))  # a twin with prefixes off is another key, with none
         step = choose(plan, snapshots, reference.steps[-1].step if reference.steps else None)
         if step is None or snapshots is None:
             return None
@@ -307,7 +317,7 @@ class Prefixes:
         """A plan of ``job`` failed (``verdict``, from step 0): no more prefixes for the job, and why,
         on its reference; a run from ``tried`` that failed where step 0 passed says so. The copies
         stay until the reference goes: a plan running beside this one may be using one."""
-        snapshots = self._snapshots.pop(job.key(), None)
+        snapshots = self._snapshots.pop(held_key(job), None)
         if snapshots is None:
             return
         why = f"plan {plan} failed: every later plan of this job starts from step 0"
