@@ -73,8 +73,8 @@ def explore(
     """
     settings = settings or ExploreSettings()
     reference = core.reference(job)
-    search = _Search(core, job, settings, _strategy(plans, reference))
-    leading = _first_plans(first, reference)[: max(0, settings.max_examples - 1)]  # at least one searched
+    search = _Search(core, job, settings, _strategy(plans, reference, job))
+    leading = _first_plans(first, reference, job)[: max(0, settings.max_examples - 1)]  # at least one searched
     searching = search.searching(max(1, settings.max_examples - len(leading)))
     # Plans in parallel: the plans the search will draw are run ahead, several at once; the search
     # then runs as always, one plan after another, and finds each drawn plan's run already made.
@@ -107,9 +107,10 @@ def explore(
     return search.tried
 
 
-def _strategy(plans: PlanSource | None, reference: RunRecord) -> st.SearchStrategy[Plan]:
-    """The plans to draw for this job: a plan that only ever restarts afresh tests nothing a user
-    meant, and is never drawn."""
+def _strategy(plans: PlanSource | None, reference: RunRecord, job: JobSpec) -> st.SearchStrategy[Plan]:
+    """The plans to draw for this job, as it receives them (``Plan.as_delivered``: two plans it
+    cannot tell apart are one, run once): a plan that only ever restarts afresh tests nothing a
+    user meant, and is never drawn."""
     total_steps = len(reference.steps)
     if plans is None:
         strategy = preemption_plans(total_steps)
@@ -119,7 +120,8 @@ def _strategy(plans: PlanSource | None, reference: RunRecord) -> st.SearchStrate
         strategy = plans(total_steps)
     saved = reference.saved_steps
     first_checkpoint = saved[0] if saved else None
-    return strategy.filter(lambda plan: resumes_from_a_checkpoint(plan, first_checkpoint))
+    delivered = strategy.map(lambda plan: as_delivered(plan, job))
+    return delivered.filter(lambda plan: resumes_from_a_checkpoint(plan, first_checkpoint))
 
 
 REDRAWS_PER_PLAN = 5  # draws of an already-covered cell set aside, per plan the search runs, at most
@@ -345,15 +347,21 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
     return most
 
 
-def _first_plans(first: FirstPlans | None, reference: RunRecord) -> list[Plan]:
-    """``first``'s plans for this job: from the epoch each reference step reported (None when it
-    reports none) and the steps after which it reported a checkpoint."""
+def as_delivered(plan: Plan, job: JobSpec) -> Plan:
+    """``plan`` as ``job`` receives it: on a Ray Train job a notice to the whole group and one to the
+    main process both drain its workers' nodes (``RayTrainHandle.notify``), one plan."""
+    return plan.as_delivered(group_notice_differs=job.launcher != "ray-train")
+
+
+def _first_plans(first: FirstPlans | None, reference: RunRecord, job: JobSpec) -> list[Plan]:
+    """``first``'s plans for this job, as it receives them: from the epoch each reference step
+    reported (None when it reports none) and the steps after which it reported a checkpoint."""
     if first is None:
         return []
     epochs = [s.fingerprints.get("epoch") for s in reference.steps]
     epochs = [e if isinstance(e, int) and not isinstance(e, bool) else None for e in epochs]
-    checkpoints = reference.saved_steps
-    return first(epochs, checkpoints)
+    plans = [as_delivered(plan, job) for plan in first(epochs, reference.saved_steps)]
+    return list({str(plan): plan for plan in plans}.values())
 
 
 def _first_verdict(group: BaseExceptionGroup) -> ScenarioFailure | None:

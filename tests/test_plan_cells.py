@@ -5,13 +5,15 @@ things; after a failure it sets nothing aside, so hypothesis still shrinks to th
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spotchaos.config.jobs import JobSpec
 from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
-from spotchaos.search import ExploreSettings, _Cells, explore
+from spotchaos.search import ExploreSettings, _Cells, _strategy, as_delivered, explore
 from spotchaos.strategies import plan_cell
+from spotchaos.training.trajectory import Attempt, RunRecord
 
 from .helpers import FIXTURES
 
@@ -72,3 +74,33 @@ def test_a_covered_cell_is_set_aside_only_before_a_failure_and_within_the_redraw
     failed.failed = True  # hypothesis is shrinking: every plan it asks for runs
     assert failed.admit(Plan.parse("sigterm@9")) and failed.redraws == 0
     assert cells.figures(4) == {"cells_covered": 2, "plans_run": 4, "draws_set_aside": 5}
+
+
+@pytest.mark.unit
+def test_on_a_ray_train_job_a_notice_to_the_group_is_the_same_plan_as_a_notice():
+    """A notice reaches a Ray Train job as a drain of its workers' nodes, to the group or not: the
+    main job once ran ``sigterm@5`` and ``sigterm-group@5`` on it, one plan twice (50 s each). The
+    search draws plans as the job receives them, so the second is the first's verdict, reused."""
+    ray_train = JobSpec(name="rt", command=("python", "train.py"), launcher="ray-train", nproc_per_node=2)
+    local = JobSpec(name="local", command=("python", "train.py"))
+    plan = Plan.parse("sigterm-group@5,sigkill@9")
+    assert str(as_delivered(plan, ray_train)) == "sigterm@5,sigkill@9" and as_delivered(plan, local) == plan
+    steps = [{"event": "step", "step": s, "loss": "0.1", "t": 0.0} for s in range(12)]
+    reference = RunRecord(
+        "rt", "none", [Attempt(0, 0, 1.0, 0.1, events=[*steps, {"event": "checkpoint", "step": 3}])], 1.0, ""
+    )
+    space = st.sampled_from([Plan.parse("sigterm-group@5"), Plan.parse("sigterm@5")])
+
+    def drawn_for(job: JobSpec) -> set[str]:
+        drawn: set[str] = set()
+
+        @settings(max_examples=30, database=None, derandomize=True)
+        @given(_strategy(space, reference, job))
+        def draw(plan: Plan) -> None:
+            drawn.add(str(plan))
+
+        draw()
+        return drawn
+
+    assert drawn_for(ray_train) == {"sigterm@5"}
+    assert drawn_for(local) == {"sigterm@5", "sigterm-group@5"}
