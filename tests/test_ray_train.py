@@ -68,8 +68,13 @@ def test_a_lost_worker_node_is_restored_by_ray_train_bit_exact(train_runner):
 
 @pytest.mark.full  # CI gates the correct job's lost node; this verdict is the full run's
 def test_a_checkpoint_called_durable_when_report_returns_is_named(train_runner):
+    """The defect shows when the node goes between ``report`` returning and the controller's next
+    poll: 2 s apart by default, which the loss landing three steps later missed about one run in
+    five. Its poll every 6 s here (Ray Train hands the driver's setting to its controller) and the
+    loss one step after the checkpoint leave that window a few per cent of chance."""
+    job = replace(train_job("broken_ray_train_durable_on_report"), env=(("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "6"),))
     with pytest.raises(ChaosFailure) as failure:
-        train_runner.check(train_job("broken_ray_train_durable_on_report"), "lose-node1@6")
+        train_runner.check(job, "lose-node1@4")
     text = str(failure.value)
     assert re.search(r"resumed after step -?\d+ although a checkpoint after step \d+ was durable", text), text
     assert "work was lost silently" in text, text
