@@ -108,7 +108,7 @@ def explore(
 
 
 def _strategy(plans: PlanSource | None, reference: RunRecord, job: JobSpec) -> st.SearchStrategy[Plan]:
-    """The plans to draw for this job, as it receives them (``Plan.as_delivered``: two plans it
+    """The plans to draw for this job, as it receives them (``as_delivered``: two plans it
     cannot tell apart are one, run once): a plan that only ever restarts afresh tests nothing a
     user meant, and is never drawn."""
     total_steps = len(reference.steps)
@@ -350,7 +350,7 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
 def as_delivered(plan: Plan, job: JobSpec) -> Plan:
     """``plan`` as ``job`` receives it: on a Ray Train job a notice to the whole group and one to the
     main process both drain its workers' nodes (``RayTrainHandle.notify``), one plan."""
-    return plan.as_delivered(group_notice_differs=job.launcher != "ray-train")
+    return plan.group_notices_as_notices() if job.launcher == "ray-train" else plan
 
 
 def _first_plans(first: FirstPlans | None, reference: RunRecord, job: JobSpec) -> list[Plan]:
@@ -358,8 +358,7 @@ def _first_plans(first: FirstPlans | None, reference: RunRecord, job: JobSpec) -
     reported (None when it reports none) and the steps after which it reported a checkpoint."""
     if first is None:
         return []
-    epochs = [s.fingerprints.get("epoch") for s in reference.steps]
-    epochs = [e if isinstance(e, int) and not isinstance(e, bool) else None for e in epochs]
+    epochs = [_epoch(s.fingerprints.get("epoch")) for s in reference.steps]
     plans = [as_delivered(plan, job) for plan in first(epochs, reference.saved_steps)]
     return list({str(plan): plan for plan in plans}.values())
 

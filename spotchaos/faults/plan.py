@@ -89,12 +89,9 @@ class Plan:
     def __str__(self) -> str:
         return ",".join(str(p) for p in self.preemptions) or "none"
 
-    def as_delivered(self, *, group_notice_differs: bool = True) -> Plan:
-        """The plan as the job receives it: where a notice to the whole group arrives as one to the
-        main process does, ``sigterm-group`` is written ``sigterm``, so a search runs the one plan
-        once and reuses its verdict where it draws the other."""
-        if group_notice_differs:
-            return self
+    def group_notices_as_notices(self) -> Plan:
+        """The plan with each ``sigterm-group`` written ``sigterm``: for a job that receives the two
+        alike (``search.as_delivered``), so a search runs the one plan once."""
         return Plan(tuple(replace(p, fault="sigterm") if p.fault == "sigterm-group" else p for p in self.preemptions))
 
     def to_dict(self) -> list[dict[str, Any]]:

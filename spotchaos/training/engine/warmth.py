@@ -21,6 +21,8 @@ FRAMEWORK_PRELOAD = {
 # what a Ray Train driver imports before it joins the cluster; not ray.train, whose import of
 # pyarrow starts jemalloc's background thread (a fork would not be safe)
 LAUNCHER_PRELOAD = {"ray-train": ("?ray",)}
+# the backend that starts a launcher's process here, on this machine: the one a warm start forks
+LOCAL_BACKEND = {"python": "subprocess", "torchrun": "subprocess", "ray-train": "ray-train"}
 
 
 def preload_of(job: JobSpec) -> tuple[str, ...]:
@@ -46,10 +48,9 @@ def may_start_warm(job: JobSpec, backend: Any) -> bool:
     torch.distributed.run``: its ranks are its own processes), or a Ray Train job's driver (a local
     process; its workers are Ray's), on a backend that keeps warm interpreters (a container's or a
     Ray node's processes start cold)."""
-    local = {"python": "subprocess", "torchrun": "subprocess", "ray-train": "ray-train"}
     return (
         getattr(backend, "warm", None) is not None
         and job.warm
         and job.container is None
-        and local.get(job.launcher) == backend.name
+        and LOCAL_BACKEND.get(job.launcher) == backend.name
     )
