@@ -1,11 +1,10 @@
 """The built-in scenarios (preemptions, damaged checkpoints, budgets) on the bundled jobs written
-from the frameworks' tutorials and on the data-loader variant whose checkpoint holds its data
-position: the Hugging Face Trainer, Lightning, accelerate, and the trainer whose data position is
-torchdata's ``StatefulDataLoader``. (The reference trainer with DataLoader workers is
-scenarios/test_loader_workers.py's.) One file of the main job, so one
+from the frameworks' tutorials: the Hugging Face Trainer, Lightning, accelerate. (The reference
+trainer's data-loader variants, with DataLoader workers and with torchdata's
+``StatefulDataLoader``, are scenarios/test_loader_workers.py's.) One file of the main job, so one
 ``pytest -n 3 --spotchaos scenarios`` balances them with every other family's scenarios across its
 workers (they were a second command, run after the first). CI runs a subset of each
-(tests/test_frameworks.py, tests/test_stateful_loader.py), so these are the main job's (``full``).
+(tests/test_frameworks.py), so these are the main job's (``full``).
 
 On a job of your own: ``pytest --spotchaos --spotchaos-job NAME`` runs the same built-in scenarios.
 """
@@ -27,6 +26,6 @@ from spotchaos.scenarios.test_preemption import (  # noqa: F401
     test_notice_then_resume_is_bit_exact,
 )
 
-JOBS = ["hf-trainer", "lightning", "accelerate", "stateful-loader"]
+JOBS = ["hf-trainer", "lightning", "accelerate"]
 
 pytestmark = [pytest.mark.spotchaos(jobs=JOBS), pytest.mark.full]

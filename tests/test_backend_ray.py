@@ -435,18 +435,43 @@ def test_a_ray_job_asks_a_node_for_a_cpu_its_gpus_and_its_custom_resources():
     assert replace(job, backend="subprocess").on_backend("ray").backend == "ray"
 
 
-def test_the_clusters_nodes_run_with_a_quick_health_check_and_a_calmer_log_monitor(ray_runner):
-    """Every log monitor of the cluster (one a node) globs its folder every 0.5 s, not 0.1 s, and the
-    head's GCS calls a node dead after 3 missed checks a second apart: read from the processes'
-    own environments (what the kernel says they started with)."""
+def test_the_clusters_nodes_run_with_a_quick_health_check_and_one_calmer_log_monitor(ray_runner):
+    """One log monitor, the head's, which globs the session's log folder every 0.5 s, not 0.1 s (the
+    worker nodes share that folder: a monitor each sent every line three times), and the head's GCS
+    calls a node dead after 3 missed checks a second apart: read from the processes' own
+    environments (what the kernel says they started with)."""
     cluster = ray_runner.ray_cluster()
     ours = carrying(f"{MARKER_VARIABLE}={cluster._marker}")
     monitors = [pid for pid in ours if "log_monitor.py" in Path(f"/proc/{pid}/cmdline").read_text()]
-    assert len(monitors) == len(cluster.nodes) + 1, monitors  # the head's and each worker node's
-    for pid in monitors:
-        assert environment_of(pid)["RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"] == "0", pid
+    assert len(monitors) == 1, monitors  # the head's; the cluster has len(cluster.nodes) worker nodes
+    assert len(cluster.nodes) == 2
+    assert environment_of(monitors[0])["RAY_LOG_MONITOR_MANY_FILES_THRESHOLD"] == "0"
     (gcs,) = [pid for pid in ours if "gcs_server" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert environment_of(gcs)["RAY_health_check_failure_threshold"] == "3"
+
+
+def test_a_line_a_task_prints_on_a_worker_node_reaches_the_driver_once(ray_runner):
+    """What a Ray Train job's workers print reaches its driver (``log_to_driver``) once, however
+    many nodes the cluster has: with a log monitor a node, Ray folded the copies into one line
+    saying "[repeated 5x across cluster]"."""
+    from spotchaos.training.multirank.ray_train import driver_environment
+
+    cluster = ray_runner.ray_cluster()
+    script = (
+        "import ray\n"
+        "ray.init(log_to_driver=True)\n"
+        "@ray.remote(num_cpus=1)\n"
+        "def say(i):\n"
+        "    print('a line from task', i, flush=True)\n"
+        "print(ray.get([say.remote(i) for i in range(2)]))\n"
+        "import time; time.sleep(2)\n"  # the monitor reads the workers' logs every 0.5 s
+    )
+    env = driver_environment(dict(os.environ), cluster)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-2000:]
+    assert output.count("a line from task 0") == 1 and output.count("a line from task 1") == 1, output[-2000:]
+    assert "repeated" not in output, output[-2000:]
 
 
 def environment_of(pid: int) -> dict[str, str]:

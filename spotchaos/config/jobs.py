@@ -115,8 +115,8 @@ class JobSpec:
     # `ray start`, as the kubelet sends a reclaimed pod: Ray drains it for its drain timeout, then
     # ends it; the job is not signalled, and its window is the cluster's drain_timeout_seconds)
     notice: str = "drain"
-    # a local Python job's attempts fork from one interpreter that imported ``preload`` once (false: cold)
-    warm: bool = True
+    # attempts fork from one interpreter that imported ``preload`` once (false: cold; RESTARTS_COLD: the first)
+    warm: bool | str = True
     preload: tuple[str, ...] | None = None  # None: torch, where the job's Python has it
     # plans may start from the reference's checkpoints (training/reference/prefix.py); their copies' bytes
     # (None: a quarter of the free disk)

@@ -16,6 +16,7 @@ from ..errors import ScenarioFailure
 from ..faults.plan import Plan, Preemption
 from ..record import note_figures, note_plans
 from ..session import SessionCore
+from ..training.engine.warmth import RESTARTS_COLD
 from ..training.trajectory import RunRecord
 from .preemption import ChaosFailure
 
@@ -50,14 +51,15 @@ def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:
     """A run with one SIGTERM late in the job, cached per job: notice flush and restart latency.
 
     It must itself pass every verdict; figures from a run that did not resume are meaningless.
-    Its attempts start cold: the restart it times stands for a restart in production, which pays
-    the job's imports (a warm start would not). It starts from the reference's checkpoint before
-    the notice where the job takes prefixes: the notice and the restart are the same wherever.
+    Its restart starts cold: it stands for a restart in production, which pays the job's imports
+    (a warm start would not); the attempt the notice reaches may fork warm. It starts from the
+    reference's checkpoint before the notice where the job takes prefixes: the notice and the
+    restart are the same wherever.
     """
     key = ("timing", job.key())
     if key not in core.cache:
         plan = Plan((Preemption(notice_step(core.reference(job)), "sigterm"),))
-        record, verdict = core.run(replace(job, warm=False), plan, prefix=True)
+        record, verdict = core.run(replace(job, warm=RESTARTS_COLD), plan, prefix=True)
         if not verdict.passed:
             raise ChaosFailure(job.name, plan, verdict, record.workdir)
         core.cache[key] = record

@@ -62,12 +62,16 @@ DRAIN_TIMEOUT_VARIABLE = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"  # read by a no
 # default, kept): 3 missed in a row is half a minute of no answer, longer than the defaults' 15 s
 # for a dead one. Read by the GCS at start (RayConfig): the head's environment only.
 HEALTH_CHECK_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
-# Each node's log monitor (what hands the workers' output to the driver, ``log_to_driver``) globs
-# the node's log folder for new files every 0.1 s while it holds fewer than this many, and every
+# The log monitor (what hands the workers' output to the driver, ``log_to_driver``) globs
+# the session's log folder for new files every 0.1 s while it holds fewer than this many, and every
 # 0.5 s (LOG_NAME_UPDATE_INTERVAL_S) beyond: a session's folders fill with every worker's logs, and
 # its three monitors took 80 CPU-seconds of the main job. 0: every 0.5 s from the start; a new
 # worker's output still reaches the driver whole (read from its first line), up to 0.5 s later.
 LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}
+# A worker node takes the head's temp folder (from the GCS), so its session's logs are the head's,
+# which the head's log monitor hands to the drivers: with one a node, a driver got every line of a
+# worker once per node (what `ray start --help` warns of for a second node on one host)
+WORKER_NODE_ARGS = ("--include-log-monitor=false",)
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -439,6 +443,7 @@ class LocalRayCluster(RayCluster):
                 f"--num-cpus={self.cpus:g}",
                 f"--num-gpus={self.gpus:g}",
                 f"--resources={resources}",
+                *WORKER_NODE_ARGS,
             ],
             own,
         )

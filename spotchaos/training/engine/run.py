@@ -24,6 +24,7 @@ from ..trajectory import Attempt, FaultRecord, RunRecord
 from .attempt import AttemptRun
 from .damage import damage_newest
 from .options import EngineOptions
+from .warmth import as_attempt
 
 log = logging.getLogger("spotchaos")
 
@@ -62,6 +63,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         previous = attempts[-1] if attempts else None
         resharded = index > 0 and options.resume_nproc is not None
         attempt_job = replace(job, nproc_per_node=options.resume_nproc) if resharded else job
+        attempt_job = as_attempt(attempt_job, restart=index > first)
         attempt, learned = AttemptRun(
             attempt_job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous
         ).run()

@@ -6,6 +6,7 @@ paying a cold ``import torch`` (2.7 s of a Trainer checkpoint's diff here, twelv
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ...config.jobs import JobSpec
@@ -23,6 +24,15 @@ FRAMEWORK_PRELOAD = {
 LAUNCHER_PRELOAD = {"ray-train": ("?ray",)}
 # the backend that starts a launcher's process here, on this machine: the one a warm start forks
 LOCAL_BACKEND = {"python": "subprocess", "torchrun": "subprocess", "ray-train": "ray-train"}
+# ``JobSpec.warm`` of a run that times its restart (the budgets' timing run): the restart stands for
+# one in production, which pays the job's imports; the attempt before it may fork warm
+RESTARTS_COLD = "restarts cold"
+
+
+def as_attempt(job: JobSpec, restart: bool) -> JobSpec:
+    """``job`` as one attempt of its run starts it: cold where it is a restart of a run whose
+    restarts start cold (``RESTARTS_COLD``)."""
+    return replace(job, warm=False) if restart and job.warm == RESTARTS_COLD else job
 
 
 def preload_of(job: JobSpec) -> tuple[str, ...]:
