@@ -65,7 +65,7 @@ HEALTH_CHECK_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_fail
 # The log monitor (what hands the workers' output to the driver, ``log_to_driver``) globs
 # the session's log folder for new files every 0.1 s while it holds fewer than this many, and every
 # 0.5 s (LOG_NAME_UPDATE_INTERVAL_S) beyond: a session's folders fill with every worker's logs, and
-# its three monitors took 80 CPU-seconds of the main job. 0: every 0.5 s from the start; a new
+# three monitors (one a node, then) took 80 CPU-seconds of the main job. 0: every 0.5 s from the start; a new
 # worker's output still reaches the driver whole (read from its first line), up to 0.5 s later.
 LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}
 # A worker node takes the head's temp folder (from the GCS), so its session's logs are the head's,
