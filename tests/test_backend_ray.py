@@ -34,6 +34,7 @@ from spotchaos.host.leftovers import LIVE_DIR_VARIABLE, MARKER_VARIABLE, LiveJob
 from spotchaos.host.processes import become_subreaper, carrying, descendants, end
 from spotchaos.record import ScenarioRecord
 from spotchaos.runner import ChaosRunner
+from spotchaos.training.multirank.ray_train import driver_environment
 
 from .helpers import FIXTURES, ROOT, is_alive, run_pytest, trainer_job
 
@@ -454,8 +455,6 @@ def test_a_line_a_task_prints_on_a_worker_node_reaches_the_driver_once(ray_runne
     """What a Ray Train job's workers print reaches its driver (``log_to_driver``) once, however
     many nodes the cluster has: with a log monitor a node, Ray folded the copies into one line
     saying "[repeated 5x across cluster]"."""
-    from spotchaos.training.multirank.ray_train import driver_environment
-
     cluster = ray_runner.ray_cluster()
     script = (
         "import ray\n"
@@ -464,7 +463,7 @@ def test_a_line_a_task_prints_on_a_worker_node_reaches_the_driver_once(ray_runne
         "def say(i):\n"
         "    print('a line from task', i, flush=True)\n"
         "print(ray.get([say.remote(i) for i in range(2)]))\n"
-        "import time; time.sleep(2)\n"  # the monitor reads the workers' logs every 0.5 s
+        "import time; time.sleep(4)\n"  # the monitor reads the workers' logs every 0.5 s; a loaded machine, later
     )
     env = driver_environment(dict(os.environ), cluster)
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
