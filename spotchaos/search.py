@@ -125,6 +125,7 @@ def _strategy(plans: PlanSource | None, reference: RunRecord, job: JobSpec) -> s
 
 
 REDRAWS_PER_PLAN = 5  # draws of an already-covered cell set aside, per plan the search runs, at most
+RUN, REDRAW, SKIP = "run", "redraw", "skip"  # what a search does with a plan (``_Cells.admit``)
 
 
 class _Cells:
@@ -132,8 +133,11 @@ class _Cells:
     is set aside for another draw while the search has passed everything so far and has redraws
     left, so the plans it runs spread over distinct cells first; so is a drawn plan of the job's
     early life once another has run in the session (``Prefixes.claim_early_life``: it would train
-    the whole job again). After a failure nothing is set aside: hypothesis's shrinking must see
-    every plan it asks for."""
+    the whole job again). Once the redraws are spent such a plan is skipped, not run: draws that
+    found no new cell in all of them say the search has covered what it can tell apart, and a
+    repeat would pay a whole run for a cell already passed (a Ray Train job's notice, drawn at any
+    step, is one cell: its second plan took a minute of the main job). After a failure nothing is
+    set aside or skipped: hypothesis's shrinking must see every plan it asks for."""
 
     def __init__(
         self,
@@ -145,21 +149,26 @@ class _Cells:
         self.checkpoints, self.epochs, self.early_life = checkpoints, epochs, early_life
         self.covered: set[object] = set()
         self.redraws = 0
+        self.skipped = 0
         self.budget = REDRAWS_PER_PLAN * examples
         self.failed = False
 
-    def admit(self, plan: Plan, *, drawn: bool = True) -> bool:
-        """Whether to run ``plan`` now (led with, its cell is new and it is not a second plan of the
-        job's early life, or nothing is set aside any more); if so, it covers its cell."""
+    def admit(self, plan: Plan, *, drawn: bool = True) -> str:
+        """What to do with ``plan``: ``RUN`` it (led with, of a new cell and not a second plan of the
+        job's early life, or hypothesis is shrinking a failure; it covers its cell), ``REDRAW`` (set
+        aside: hypothesis draws another at no run's cost) or, the redraws spent, ``SKIP`` it (counted
+        as passed, never run: the search has nothing new to run)."""
         cell = plan_cell(plan, self.checkpoints, self.epochs)
-        setting_aside = drawn and not self.failed and self.redraws < self.budget
-        if setting_aside and (cell in self.covered or not self.early_life(plan)):
-            self.redraws += 1
-            return False
+        if drawn and not self.failed and (cell in self.covered or not self.early_life(plan)):
+            if self.redraws < self.budget:
+                self.redraws += 1
+                return REDRAW
+            self.skipped += 1
+            return SKIP
         if not drawn:
             self.early_life(plan)  # a plan led with runs whatever it is; if of the early life, it is the job's
         self.covered.add(cell)
-        return True
+        return RUN
 
     @classmethod
     def of(cls, core: SessionCore, job: JobSpec, examples: int) -> _Cells:
@@ -170,7 +179,12 @@ class _Cells:
         return cls(checkpoints, epochs, examples, lambda plan: core.prefixes.claim_early_life(job, plan, reference))
 
     def figures(self, tried: int) -> dict[str, int]:
-        return {"cells_covered": len(self.covered), "plans_run": tried, "draws_set_aside": self.redraws}
+        return {
+            "cells_covered": len(self.covered),
+            "plans_run": tried,
+            "draws_set_aside": self.redraws,
+            "repeats_skipped": self.skipped,
+        }
 
 
 def _epoch(value: object) -> int | None:
@@ -229,8 +243,11 @@ class _Search:
             if self.verdicts[key] == "reject":
                 reject()
             return
-        if not self.cells.admit(plan, drawn=drawn):
+        admission = self.cells.admit(plan, drawn=drawn)
+        if admission == REDRAW:
             reject()  # a cell already covered: hypothesis draws another plan, which costs no run
+        if admission == SKIP:
+            return  # the redraws found no new cell: a repeat is not run
         self.tried += 1
         shrinking = " (shrinking a failure)" if self.tried > self.settings.max_examples else ""
         log.info(
@@ -292,8 +309,11 @@ def _run_ahead(
 
     def draw(plan: Plan) -> None:
         if str(plan) not in seen:
-            if not cells.admit(plan):
+            admission = cells.admit(plan)
+            if admission == REDRAW:
                 reject()  # as the search will: another draw
+            if admission == SKIP:
+                return  # as the search will: not run
             seen.add(str(plan))
             drawn.append(plan)
 

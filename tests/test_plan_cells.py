@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from spotchaos.config.jobs import JobSpec
 from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
-from spotchaos.search import ExploreSettings, _Cells, _strategy, as_delivered, explore
+from spotchaos.search import REDRAW, RUN, SKIP, ExploreSettings, _Cells, _strategy, as_delivered, explore
 from spotchaos.strategies import plan_cell
 from spotchaos.training.trajectory import Attempt, RunRecord
 
@@ -61,19 +61,41 @@ def test_a_search_runs_plans_of_distinct_cells_before_it_repeats_one(runner):
 
 
 @pytest.mark.unit
-def test_a_covered_cell_is_set_aside_only_before_a_failure_and_within_the_redraws():
+def test_a_covered_cell_is_set_aside_within_the_redraws_then_skipped_and_nothing_after_a_failure():
     cells = _Cells(CHECKPOINTS, EPOCHS, examples=1)  # 5 redraws for the one plan
-    assert cells.admit(Plan.parse("sigkill@13")) and not cells.admit(Plan.parse("sigkill@14"))
-    assert cells.admit(Plan.parse("sigkill@14"), drawn=False)  # a plan led with runs whatever its cell
-    assert cells.admit(Plan.parse("sigkill@5"))
+    assert cells.admit(Plan.parse("sigkill@13")) == RUN and cells.admit(Plan.parse("sigkill@14")) == REDRAW
+    assert cells.admit(Plan.parse("sigkill@14"), drawn=False) == RUN  # a plan led with runs whatever its cell
+    assert cells.admit(Plan.parse("sigkill@5")) == RUN
     for _ in range(4):
-        assert not cells.admit(Plan.parse("sigkill@12"))
-    assert cells.admit(Plan.parse("sigkill@12"))  # redraws spent: a covered cell runs again
+        assert cells.admit(Plan.parse("sigkill@12")) == REDRAW
+    # redraws spent without a new cell: a covered cell is not run again, a new one still runs
+    assert cells.admit(Plan.parse("sigkill@12")) == SKIP == cells.admit(Plan.parse("sigkill@13"))
+    assert cells.admit(Plan.parse("sigterm@9")) == RUN
     failed = _Cells(CHECKPOINTS, EPOCHS, examples=3)
-    assert failed.admit(Plan.parse("sigterm@10"))
+    assert failed.admit(Plan.parse("sigterm@10")) == RUN
     failed.failed = True  # hypothesis is shrinking: every plan it asks for runs
-    assert failed.admit(Plan.parse("sigterm@9")) and failed.redraws == 0
-    assert cells.figures(4) == {"cells_covered": 2, "plans_run": 4, "draws_set_aside": 5}
+    assert failed.admit(Plan.parse("sigterm@9")) == RUN and failed.redraws == 0
+    assert cells.figures(4) == {"cells_covered": 3, "plans_run": 4, "draws_set_aside": 5, "repeats_skipped": 2}
+
+
+def test_a_search_whose_draws_find_no_new_cell_ends_without_repeating_one(runner):
+    """Every plan of one cell (a kill after checkpoint 11, inside its epoch, its newest checkpoint
+    truncated at any offset), as every notice of the Ray Train notice job is: the plan led with
+    runs, and no draw after it."""
+    trainer = job("reference_trainer")
+    one_cell = st.floats(0.01, 0.99).map(lambda pick: Plan.parse(f"sigkill@{12 + (pick > 0.5)}:truncate-half~{pick}"))
+    record = ScenarioRecord(scenario="one cell", job=trainer.name, seed=5)
+    with record:
+        tried = explore(
+            runner,
+            trainer,
+            one_cell,
+            settings=ExploreSettings(max_examples=4, seed=5),
+            first=lambda epochs, checkpoints: [Plan.parse("sigkill@12:truncate-half~0.5")],
+        )
+    assert tried == 1 and [r["plan"] for r in record.runs] == ["sigkill@12:truncate-half~0.5"] and record.passed
+    cells = record.figures["cells"]
+    assert cells["draws_set_aside"] == 20 and cells["repeats_skipped"] >= 1, cells
 
 
 @pytest.mark.unit
