@@ -191,6 +191,41 @@ def test_a_checkpoint_that_names_the_references_folder_makes_the_job_refuse_pref
     assert all(session.prefixes.claim_early_life(job, plan, session.reference(job)) for plan in early)
 
 
+@pytest.mark.unit
+def test_a_path_only_in_entries_the_framework_never_follows_is_no_reason_to_refuse(tmp_path):
+    """Lightning's ModelCheckpoint keeps the run's folder in its bookkeeping, which a resume from
+    another folder never reads; the same path anywhere else in the file still refuses."""
+    import torch
+
+    from spotchaos.training.frameworks import paths_never_followed
+
+    folder = tmp_path / "run" / "checkpoints"
+    callback = "StepBoundaryCheckpoint{'monitor': None, 'mode': 'min', 'every_n_train_steps': 4}"
+
+    def snapshots_of(**extra: object) -> Snapshots:
+        snapshots = open_snapshots(tmp_path / f"run{len(list(tmp_path.iterdir()))}", None)
+        state = {
+            "state_dict": {"w": torch.ones(2)},
+            "callbacks": {callback: {"best_model_path": f"{folder}/epoch=0-step=4.ckpt", "dirpath": str(folder)}},
+            **extra,
+        }
+        snapshots.taken[3] = snapshots.folder / "s3"
+        snapshots.taken[3].mkdir()
+        torch.save(state, snapshots.taken[3] / "epoch=0-step=4.ckpt")
+        return snapshots
+
+    lightning = paths_never_followed("lightning")
+    bookkeeping = snapshots_of()
+    bookkeeping.check_names(folder, lightning)
+    assert bookkeeping.refused is None and 3 in bookkeeping.taken
+    unknown = snapshots_of()
+    unknown.check_names(folder)  # a job of no framework: the same file refuses
+    assert "names a path inside the reference run's own folder" in unknown.refused and not unknown.taken
+    elsewhere = snapshots_of(resume_from=f"{folder}/last.ckpt")
+    elsewhere.check_names(folder, lightning)
+    assert "epoch=0-step=4.ckpt" in elsewhere.refused and not elsewhere.taken
+
+
 def test_off_for_a_job_or_a_session_means_every_plan_from_step_0(session, tmp_path):
     job = trainer()
     reference = session.reference(job)  # its copies are there: a twin job with prefix = false never uses them

@@ -35,6 +35,21 @@ _LIGHTNING = (
     *(f"callbacks.*{{'monitor'*.{name}" for name in _MODEL_CHECKPOINT_BOOKKEEPING),
 )
 
+# The paths among that bookkeeping (the run's own folder, its files): Lightning reloads them only
+# into a ModelCheckpoint of the same ``dirpath`` (``ModelCheckpoint.load_state_dict``, Lightning
+# 2.6.x), best_model_path aside, which it reads only to delete a file inside its own dirpath. A run
+# started from a copy of the reference's folder has another dirpath, so it never reaches the
+# reference's files by them: a checkpoint naming them there still takes prefixes.
+_MODEL_CHECKPOINT_PATHS = ("last_model_path", "best_model_path", "kth_best_model_path", "best_k_models*", "dirpath")
+_LIGHTNING_PATHS = (
+    *(f"*ModelCheckpoint*.{name}" for name in _MODEL_CHECKPOINT_PATHS),
+    *(f"callbacks.*{{'monitor'*.{name}" for name in _MODEL_CHECKPOINT_PATHS),
+)
+PATHS_NEVER_FOLLOWED: dict[str, tuple[str, ...]] = {
+    "lightning": _LIGHTNING_PATHS,
+    "pytorch_lightning": _LIGHTNING_PATHS,
+}
+
 STATE_DIFF_IGNORE: dict[str, tuple[str, ...]] = {
     # trainer_state.json's timings are caught by name (train_runtime, ...) and a path of the run's
     # own (best_model_checkpoint) compares as {run}; TrainerControl's flags say what the loop was
@@ -66,3 +81,9 @@ def framework_of(declared: str | None, start_events: Sequence[dict[str, Any]]) -
 def state_diff_ignore(framework: str | None, own: tuple[str, ...]) -> tuple[str, ...]:
     """The patterns the state diff skips: the framework's, then the job's own."""
     return (*STATE_DIFF_IGNORE.get(framework or "", ()), *own)
+
+
+def paths_never_followed(framework: str | None) -> tuple[str, ...]:
+    """Entries (patterns, as ``state_diff_ignore``'s) where the framework keeps a path of the run's
+    own folder that a resume from another folder never reads."""
+    return PATHS_NEVER_FOLLOWED.get(framework or "", ())

@@ -22,6 +22,7 @@ folder (``Snapshots.refused``): a run started from the copy would read another r
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 import threading
@@ -34,6 +35,9 @@ from ...config.jobs import JobSpec
 from ...faults.plan import Plan
 from ...safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
 from ..engine.hold import CheckpointHold
+from ..frameworks import framework_of, paths_never_followed
+from ..state.confined.state_diff import flatten
+from ..state.formats import AsBytes, NeedsConfinement, load_state
 from ..state.kept import MTIME_SLACK_NS
 from ..trajectory import Attempt, RunRecord
 
@@ -129,22 +133,27 @@ class Snapshots:
         self.taken[step] = target
         self.used += size
 
-    def check_names(self, reference_folder: Path) -> None:
+    def check_names(self, reference_folder: Path, never_followed: tuple[str, ...] = ()) -> None:
         """Refuse every prefix of a job whose checkpoint names a path inside the reference's own
         folder (an absolute ``latest`` pointer, say): a run started from the copy would read the
         reference's files, not its own. The folder's own name alone is no such path (transformers'
-        ``training_args.bin`` keeps its ``output_dir``; no resume reads another run's files by it)."""
-        needle = os.fsencode(os.path.join(reference_folder, ""))
+        ``training_args.bin`` keeps its ``output_dir``; no resume reads another run's files by it),
+        nor is a path only in entries the job's framework never follows from another folder
+        (``never_followed``: Lightning's ModelCheckpoint bookkeeping, ``frameworks.PATHS_NEVER_FOLLOWED``)."""
+        needle = os.path.join(reference_folder, "")
         for step, snapshot in sorted(self.taken.items()):
             for file in regular_files(snapshot):
-                if needle in read_bounded(file, SCAN_BYTES):
-                    self.refused = (
-                        f"its checkpoint after step {step} ({file.relative_to(snapshot)}) names a path inside the "
-                        f"reference run's own folder {reference_folder}: a run started from a copy would read another "
-                        "run's files"
-                    )
-                    self.drop()
-                    return
+                if os.fsencode(needle) not in read_bounded(file, SCAN_BYTES):
+                    continue
+                if never_followed and _named_only_in(file, needle, never_followed):
+                    continue
+                self.refused = (
+                    f"its checkpoint after step {step} ({file.relative_to(snapshot)}) names a path inside the "
+                    f"reference run's own folder {reference_folder}: a run started from a copy would read another "
+                    "run's files"
+                )
+                self.drop()
+                return
 
     def drop(self) -> None:
         for snapshot in self.taken.values():
@@ -161,6 +170,21 @@ class Snapshots:
             "skipped": {str(k): v for k, v in sorted(self.skipped.items())},
             "refused": self.refused,
         }
+
+
+def _named_only_in(file: Path, needle: str, entries: tuple[str, ...]) -> bool:
+    """Whether every entry of ``file`` whose name or value holds ``needle`` is one of ``entries``
+    (patterns). Read as the state diff reads it (``torch.load(weights_only=True)``, JSON, ...): a
+    file it cannot read is taken to name the path anywhere."""
+    try:
+        _, state = load_state(file)
+    except (AsBytes, NeedsConfinement, OSError, UnsafeFile):
+        return False
+    for entry, value in flatten(state).items():
+        texts = [entry, *(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))]
+        if any(needle in text for text in texts) and not any(fnmatch.fnmatchcase(entry, p) for p in entries):
+            return False
+    return True
 
 
 def _bytes(folder: Path) -> int:
@@ -293,7 +317,9 @@ class Prefixes:
     def taken(self, job: JobSpec, reference: RunRecord, snapshots: Snapshots | None) -> None:
         """After the reference: refuse a checkpoint naming its folder; say on it what plans may start from."""
         if snapshots is not None:
-            snapshots.check_names(Path(reference.workdir) / "checkpoints")
+            starts = reference.attempts[0].of_kind("start") if reference.attempts else []
+            never_followed = paths_never_followed(framework_of(job.framework, starts))
+            snapshots.check_names(Path(reference.workdir) / "checkpoints", never_followed)
             self._snapshots[held_key(job)] = snapshots
             reference.snapshots = snapshots.describe()
         elif self.enabled:
