@@ -305,8 +305,7 @@ class SessionCore:
 
     def run(self, job: JobSpec, plan: Plan, *, prefix: bool = False, reuse: bool = False) -> tuple[RunRecord, Verdict]:
         """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's checkpoint
-        before its first fault where it can (training/reference/prefix.py), and from step 0 again if that fails;
-        ``reuse``: a plan this session's searches already passed on the job is not run again."""
+        before its first fault where it can, from step 0 if that fails; ``reuse``: a plan passed is not run again."""
         if reuse and (ran := self._passed.get((held_key(job), str(plan)))) is not None:
             return replace(ran[0], reused=True), ran[1]
         start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
@@ -318,10 +317,11 @@ class SessionCore:
         if verdict.passed and reuse:
             self._passed[(held_key(job), str(plan))] = (record, verdict)
         if not verdict.passed:  # no more prefixes for the job: the search shrinks from step 0, as it always did
+            from_copy = verdict
             if start is not None:
                 self.discard(record)
                 record, verdict = self._judged(job, plan, None)
-            self.prefixes.failed(job, self.reference(job), plan, start, verdict)
+            self.prefixes.failed(job, self.reference(job), plan, start, verdict, from_copy)
         return record, verdict
 
     def _judged(self, job: JobSpec, plan: Plan, start: Prefix | None) -> tuple[RunRecord, Verdict]:

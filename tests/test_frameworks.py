@@ -129,9 +129,11 @@ def test_a_lightning_job_rolled_back_to_last_ckpt_is_not_a_latent_failure_of_its
 def test_a_lightning_job_takes_prefixes_though_its_checkpoints_name_the_references_files(runner):
     """Every Lightning checkpoint names the reference's folder in ModelCheckpoint's bookkeeping
     (best_model_path, last_model_path), which Lightning never follows from another folder: the job
-    takes the reference's copies, and a plan from one resumes bit-exact."""
+    takes the reference's copies, and a plan from one resumes bit-exact. The plan swaps an older
+    checkpoint's content into the newest: from the copy, the harness knows last.ckpt as the step's
+    second report, not the older step's (a no-op swap it then called a silent bad load)."""
     lightning = job("lightning")
-    run, verdict = runner.run(lightning, Plan.parse("sigkill@13"), prefix=True)
+    run, verdict = runner.run(lightning, Plan.parse("sigkill@13:swap-older"), prefix=True)
     snapshots = runner.reference(lightning).snapshots
     assert snapshots["refused"] is None and 11 in snapshots["steps"], snapshots
     assert run.prefix_step == 11 and verdict.passed, verdict.message()

@@ -27,7 +27,8 @@ from spotchaos.runner import ChaosFailure, ChaosRunner
 from spotchaos.search import ExploreSettings, explore
 from spotchaos.strategies import preemption_plans
 from spotchaos.training.engine.hold import CheckpointHold
-from spotchaos.training.reference.prefix import Prefixes, Snapshots, choose, open_snapshots, why_not
+from spotchaos.training.reference.prefix import Prefix, Prefixes, Snapshots, choose, open_snapshots, why_not
+from spotchaos.training.trajectory import Attempt, RunRecord
 
 from .helpers import FIXTURES, ROOT
 
@@ -224,6 +225,56 @@ def test_a_path_only_in_entries_the_framework_never_follows_is_no_reason_to_refu
     elsewhere = snapshots_of(resume_from=f"{folder}/last.ckpt")
     elsewhere.check_names(folder, lightning)
     assert "epoch=0-step=4.ckpt" in elsewhere.refused and not elsewhere.taken
+
+
+@pytest.mark.unit
+def test_a_plans_first_attempt_holds_the_references_events_through_the_steps_last_checkpoint(tmp_path):
+    """Lightning reports last.ckpt after the named file of the same step, and the copy is the folder
+    as that last report left it: attempt 0 holds both reports (the damage scenarios take the
+    newest and the previous checkpoint from them), and nothing after."""
+    old, new = tmp_path / "reference" / "checkpoints", tmp_path / "run" / "checkpoints"
+
+    def checkpoint(step: int, name: str) -> dict:
+        return {"event": "checkpoint", "step": step, "uri": (old / name).as_uri()}
+
+    events = [
+        {"event": "start"},
+        *({"event": "step", "step": s, "loss": 1.0} for s in range(6)),
+        checkpoint(5, "epoch=0-step=6.ckpt"),
+        checkpoint(5, "last.ckpt"),
+        {"event": "notice", "step": 5},
+        {"event": "step", "step": 6, "loss": 1.0},
+        checkpoint(6, "last.ckpt"),
+    ]
+    reference = RunRecord("job", "", [Attempt(0, 0, 1.0, 0.1, events=events)], 1.0, str(old.parent))
+    attempt = Prefix(5, tmp_path / "s5", reference, old).attempt(new)
+    saved = [(e["step"], e["uri"]) for e in attempt.events if e["event"] == "checkpoint"]
+    assert saved == [(5, (new / "epoch=0-step=6.ckpt").as_uri()), (5, (new / "last.ckpt").as_uri())]
+    assert attempt.events[-1]["event"] == "checkpoint" and attempt.start_kind == "prefix"
+
+
+@pytest.mark.unit
+def test_a_plan_that_failed_only_from_a_copy_says_what_failed_there(tmp_path):
+    """A run from the reference's copy that failed where the run from step 0 passed gives up the
+    job's prefixes; the report says what failed from the copy (a harness's false alarm on copies
+    shows there, never as the job's failure)."""
+    from spotchaos.training.verdict import Verdict
+
+    def verdict(*failures: str) -> Verdict:
+        return Verdict(not failures, list(failures), None, [], [], [], 0, [], 24)
+
+    job = trainer()
+    reference = RunRecord(job.name, "", [], 1.0, str(tmp_path / "reference"))
+    prefixes = Prefixes(enabled=True)
+    snapshots = prefixes.open(job, tmp_path / "reference")
+    prefixes.taken(job, reference, snapshots)
+    tried = Prefix(11, tmp_path / "s11", reference, tmp_path / "reference" / "checkpoints")
+    prefixes.failed(job, reference, Plan.parse("sigkill@13"), tried, verdict(), verdict("silent bad load: attempt 2"))
+    assert reference.snapshots["refused"] == (
+        "plan sigkill@13 failed from the reference's checkpoint after step 11 (silent bad load: attempt 2) and "
+        "passed from step 0: every later plan of this job starts from step 0"
+    )
+    assert prefixes.start(job, Plan.parse("sigkill@13"), reference) is None
 
 
 def test_off_for_a_job_or_a_session_means_every_plan_from_step_0(session, tmp_path):

@@ -103,6 +103,10 @@ class Snapshots:
             hold.release()  # one byte a checkpoint: the job goes on whether or not it was copied
 
     def _copy(self, step: int, event: dict[str, Any], checkpoints: Path) -> None:
+        target = self.folder / f"s{step}"
+        if self.taken.pop(step, None) is not None:  # the step reported again (Lightning's last.ckpt after
+            self.used -= _bytes(target)  # its named one): the copy is the folder as the last report left it,
+            shutil.rmtree(target)  # or none (a plan's first attempt holds the events through that report)
         before = listing(checkpoints)
         t = event.get("t")
         if isinstance(t, int | float) and any(mtime > int(t * 1e9) + MTIME_SLACK_NS for _, _, mtime, _ in before):
@@ -115,10 +119,6 @@ class Snapshots:
                 f"snapshot_budget ({self.budget} bytes): no prefix from it or a later checkpoint"
             )
             return
-        target = self.folder / f"s{step}"
-        if target.exists():  # the same step reported again (Lightning's last.ckpt after its named one)
-            self.used -= _bytes(target)
-            shutil.rmtree(target)
         target.mkdir()
         try:
             copy_contents(checkpoints, target)
@@ -131,6 +131,7 @@ class Snapshots:
             self.skipped[step] = "the folder changed while it was copied"
             return
         self.taken[step] = target
+        self.skipped.pop(step, None)  # an earlier report of the step was not copied; its last one was
         self.used += size
 
     def check_names(self, reference_folder: Path, never_followed: tuple[str, ...] = ()) -> None:
@@ -205,27 +206,28 @@ class Prefix:
         copy_contents(self.snapshot, checkpoints)
 
     def attempt(self, checkpoints: Path) -> Attempt:
-        """Attempt 0 of the run: the reference's events through its checkpoint after ``step``, its
-        checkpoints' addresses moved into this run's folder. Nothing ran: no start, no seconds."""
+        """Attempt 0 of the run: the reference's events through its last checkpoint after ``step``
+        (Lightning reports ``last.ckpt`` after the named file of the same step, and the snapshot is
+        the folder as the last report left it), its checkpoints' addresses moved into this run's
+        folder. Nothing ran: no start, no seconds."""
         source = self.reference.attempts[0]
-        events = []
+        events: list[dict[str, Any]] = []
+        through = 0  # the events up to the step's last checkpoint
         for event in source.events:
-            if event["event"] == "final":
+            if event["event"] == "final" or (event["event"] == "step" and event["step"] > self.step):
                 break
             if event["event"] == "checkpoint":
                 event = {**event, "uri": self._moved(event["uri"], checkpoints)}
-            if event["event"] == "step" and event["step"] > self.step:
-                break
             events.append(event)
             if event["event"] == "checkpoint" and event["step"] == self.step:
-                break
+                through = len(events)
         return Attempt(
             index=0,
             exit_code=None,
             wall_seconds=0.0,
             start_seconds=None,
             started_wall=source.started_wall,
-            events=events,
+            events=events[:through],
             start_kind="prefix",
         )
 
@@ -339,17 +341,23 @@ class Prefixes:
             return None
         return Prefix(step, snapshots.taken[step], reference, Path(reference.workdir) / "checkpoints")
 
-    def failed(self, job: JobSpec, reference: RunRecord, plan: Plan, tried: Prefix | None, verdict: Any) -> None:
+    def failed(
+        self, job: JobSpec, reference: RunRecord, plan: Plan, tried: Prefix | None, verdict: Any, from_copy: Any = None
+    ) -> None:
         """A plan of ``job`` failed (``verdict``, from step 0): no more prefixes for the job, and why,
-        on its reference; a run from ``tried`` that failed where step 0 passed says so. The copies
-        stay until the reference goes: a plan running beside this one may be using one."""
+        on its reference; a run from ``tried`` that failed (``from_copy``, the verdict of that run)
+        where step 0 passed says so, with the first line of what failed there: a harness's false
+        alarm on copies would show there, never as the job's failure. The copies stay until the
+        reference goes: a plan running beside this one may be using one."""
         snapshots = self._snapshots.pop(held_key(job), None)
         if snapshots is None:
             return
         why = f"plan {plan} failed: every later plan of this job starts from step 0"
         if tried is not None and verdict.passed:
+            said = from_copy.message().strip().splitlines()[0].lstrip("- ")[:300] if from_copy is not None else ""
             why = (
-                f"plan {plan} failed from the reference's checkpoint after step {tried.step} and passed from step "
-                "0: every later plan of this job starts from step 0"
+                f"plan {plan} failed from the reference's checkpoint after step {tried.step}"
+                + (f" ({said})" if said else "")
+                + " and passed from step 0: every later plan of this job starts from step 0"
             )
         reference.snapshots = {**snapshots.describe(), "refused": why}
