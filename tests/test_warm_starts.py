@@ -38,7 +38,7 @@ print(json.dumps({
     "flavour": os.environ.get("FLAVOUR"), "tmp": os.environ.get("TMPDIR"),
     "leader": os.getpgid(0) == os.getpid() == os.getsid(0),
     "marker": [e.decode() for e in environ if e.startswith(b"SPOTCHAOS_RUN_ID=")],
-    "random": random.random(), "torch": "torch" in sys.modules,
+    "random": random.random(), "torch": "torch" in sys.modules, "parent": os.getppid(),
 }))
 sys.stderr.write("to stderr\\n")
 if sys.argv[1] == "raise":
@@ -218,6 +218,31 @@ def test_a_folder_put_first_on_pythonpath_is_added_and_its_sitecustomize_run_as_
         (sys.executable, "-u", "who.py"), {**env, "SPOTCHAOS_RUN_ID": "g" * 12}, start, folder, ("torch",)
     )
     assert other.key == launch.key
+
+
+def test_the_tests_of_a_session_fork_from_one_warm_interpreter_whatever_pytest_says_runs_now(folder):
+    """pytest sets PYTEST_CURRENT_TEST for each test and phase, in the environment every job starts
+    with: the attempts of two tests still fork from one interpreter; another variable of the
+    job's start makes another (each costs the job's imports: 2.4-4.3 CPU-seconds here)."""
+    parents = []
+    with WarmStarts(live=LiveJobs(folder / "live")) as pool:
+        for index, start in enumerate(
+            (
+                _base(PYTEST_CURRENT_TEST="tests/a.py::test_one (call)"),
+                _base(PYTEST_CURRENT_TEST="tests/a.py::test_two (setup)"),
+                _base(PYTEST_CURRENT_TEST="tests/a.py::test_two (call)", FLAVOUR="other"),
+            )
+        ):
+            run_id, out = f"{index:012d}", folder / f"{index}.out"
+            with open(out, "w") as stdout, open(folder / f"{index}.err", "w") as stderr:
+                handle = pool.start(
+                    (sys.executable, "who.py", "0"), {**start, "SPOTCHAOS_RUN_ID": run_id}, start, folder, ("json",),
+                    stdout.fileno(), stderr.fileno(),
+                )  # fmt: skip
+            assert handle.start_kind == "warm" and handle.wait(60) == 0
+            handle.cleanup()
+            parents.append(json.loads(out.read_text())["parent"])
+    assert parents[0] == parents[1] != parents[2], parents
 
 
 def test_a_killed_pytest_leaves_its_warm_interpreter_and_attempt_to_the_next_session(folder):
