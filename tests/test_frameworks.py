@@ -18,6 +18,7 @@ from spotchaos.faults.plan import Plan
 from spotchaos.integrations._report import loss_of, tensors_in
 from spotchaos.runner import ChaosFailure
 from spotchaos.strategies import resumes_across_epochs
+from spotchaos.training.reference.prefix import ready_steps
 
 from .helpers import ROOT
 
@@ -137,6 +138,19 @@ def test_a_lightning_job_takes_prefixes_though_its_checkpoints_name_the_referenc
     snapshots = runner.reference(lightning).snapshots
     assert snapshots["refused"] is None and 11 in snapshots["steps"], snapshots
     assert run.prefix_step == 11 and verdict.passed, verdict.message()
+
+
+def test_a_lightning_checkpoint_written_in_a_thread_starts_a_plan_only_once_it_was_reported(runner):
+    """lightning-async writes each checkpoint in a thread (0.3 s a write) and reports it steps later:
+    a crash point among the first events after step 13 hits the write of the checkpoint after step
+    11 in the reference, so the plan starts from the copy before that one, and crashes where the
+    run from step 0 does (from the copy after 11 it never fired, and the job took no more copies)."""
+    threaded = job("lightning-async")
+    run, verdict = runner.run(threaded, Plan.parse("crash@13+1"), prefix=True)
+    reference = runner.reference(threaded)
+    assert ready_steps(reference)[11] >= 13 and reference.snapshots["refused"] is None, reference.snapshots
+    assert run.prefix_step == 5 and verdict.passed, verdict.message()
+    assert any(f.fault == "crash" for a in run.attempts if (f := a.fault) is not None)
 
 
 @pytest.mark.unit

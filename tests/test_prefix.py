@@ -27,7 +27,15 @@ from spotchaos.runner import ChaosFailure, ChaosRunner
 from spotchaos.search import ExploreSettings, explore
 from spotchaos.strategies import preemption_plans
 from spotchaos.training.engine.hold import CheckpointHold
-from spotchaos.training.reference.prefix import Prefix, Prefixes, Snapshots, choose, open_snapshots, why_not
+from spotchaos.training.reference.prefix import (
+    Prefix,
+    Prefixes,
+    Snapshots,
+    choose,
+    open_snapshots,
+    ready_steps,
+    why_not,
+)
 from spotchaos.training.trajectory import Attempt, RunRecord
 
 from .helpers import FIXTURES, ROOT
@@ -251,6 +259,34 @@ def test_a_plans_first_attempt_holds_the_references_events_through_the_steps_las
     saved = [(e["step"], e["uri"]) for e in attempt.events if e["event"] == "checkpoint"]
     assert saved == [(5, (new / "epoch=0-step=6.ckpt").as_uri()), (5, (new / "last.ckpt").as_uri())]
     assert attempt.events[-1]["event"] == "checkpoint" and attempt.start_kind == "prefix"
+    assert ready_steps(reference) == {5: 5, 6: 6}
+
+
+@pytest.mark.unit
+def test_a_checkpoint_written_in_a_thread_is_a_plans_start_only_for_faults_after_its_report(tmp_path):
+    """Written in a thread (AsyncCheckpointIO, dcp.async_save), the checkpoint after step 5 is
+    reported after step 7: a fault at step 6 or 7 (or a crash point among the events after them,
+    which may be that write's) found it not yet durable in the reference, so its plan starts from
+    the checkpoint before; attempt 0 of a plan from it holds no step after 5."""
+    old = tmp_path / "reference" / "checkpoints"
+    events = [
+        *({"event": "step", "step": s, "loss": 1.0} for s in range(8)),
+        {"event": "checkpoint", "step": 1, "uri": (old / "a").as_uri()},  # (reported in order, for the test)
+        {"event": "checkpoint", "step": 5, "uri": (old / "b").as_uri()},
+        {"event": "step", "step": 8, "loss": 1.0},
+    ]
+    reference = RunRecord("job", "", [Attempt(0, 0, 1.0, 0.1, events=events)], 1.0, str(old.parent))
+    ready = ready_steps(reference)
+    assert ready == {1: 7, 5: 7}
+    snapshots = Snapshots(tmp_path, 1 << 30, taken={1: tmp_path / "s1", 5: tmp_path / "s5"})
+    assert [choose(Plan.parse(p), snapshots, 8, ready) for p in ("sigkill@7", "sigkill@8", "crash@7+1")] == [
+        None,
+        5,
+        None,
+    ]
+    assert choose(Plan.parse("sigkill@7"), snapshots, 8) == 5  # a checkpoint saved in the loop: from 5
+    attempt = Prefix(5, tmp_path / "s5", reference, old).attempt(tmp_path / "run")
+    assert [e["step"] for e in attempt.events if e["event"] == "step"] == list(range(6))
 
 
 @pytest.mark.unit

@@ -206,21 +206,24 @@ class Prefix:
         copy_contents(self.snapshot, checkpoints)
 
     def attempt(self, checkpoints: Path) -> Attempt:
-        """Attempt 0 of the run: the reference's events through its last checkpoint after ``step``
-        (Lightning reports ``last.ckpt`` after the named file of the same step, and the snapshot is
-        the folder as the last report left it), its checkpoints' addresses moved into this run's
-        folder. Nothing ran: no start, no seconds."""
+        """Attempt 0 of the run: the reference's events through its last report of the checkpoint
+        after ``step`` (Lightning reports ``last.ckpt`` after the named file of the same step; a
+        checkpoint written in a thread is reported steps later), its checkpoints' addresses moved
+        into this run's folder, without the steps trained meanwhile: the copy is the folder as that
+        report left it, and the run trains every step after ``step``. Nothing ran: no start, no
+        seconds."""
         source = self.reference.attempts[0]
         events: list[dict[str, Any]] = []
-        through = 0  # the events up to the step's last checkpoint
+        through = 0  # the events up to the step's last checkpoint report
         for event in source.events:
-            if event["event"] == "final" or (event["event"] == "step" and event["step"] > self.step):
+            if event["event"] == "final":
                 break
+            if event["event"] == "step" and event["step"] > self.step:
+                continue
             if event["event"] == "checkpoint":
                 event = {**event, "uri": self._moved(event["uri"], checkpoints)}
+                through = len(events) + 1 if event["step"] == self.step else through
             events.append(event)
-            if event["event"] == "checkpoint" and event["step"] == self.step:
-                through = len(events)
         return Attempt(
             index=0,
             exit_code=None,
@@ -239,21 +242,45 @@ class Prefix:
         return (checkpoints / path.relative_to(self.reference_checkpoints)).as_uri()
 
 
-def choose(plan: Plan, snapshots: Snapshots | None, last_step: int | None = None) -> int | None:
+def ready_steps(reference: RunRecord) -> dict[int, int]:
+    """For each checkpoint step of the reference, the last step it had reported when it last
+    reported that checkpoint: the step itself where it saves in its loop, a later one where it
+    writes in a thread (``AsyncCheckpointIO``, ``dcp.async_save``) and reports once the write is
+    done. A fault at a step no later than that finds the checkpoint not yet durable in the
+    reference, and its file-system events may be that save's: its plan cannot start from the copy."""
+    ready: dict[int, int] = {}
+    last = -1
+    for event in reference.attempts[0].events if reference.attempts else []:
+        if event["event"] == "final":
+            break
+        if event["event"] == "step" and isinstance(event.get("step"), int):
+            last = max(last, event["step"])
+        elif event["event"] == "checkpoint" and isinstance(event.get("step"), int):
+            ready[event["step"]] = max(last, event["step"])
+    return ready
+
+
+def choose(
+    plan: Plan, snapshots: Snapshots | None, last_step: int | None = None, ready: dict[int, int] | None = None
+) -> int | None:
     """The newest snapshot before the plan's first fault; None for a plan that starts from step 0.
     A plan that first reruns the job once it finished (``rerun``) starts from the newest snapshot
     before the reference's ``last_step``: its first attempt still trains, and ends, as a run does."""
     if snapshots is None or snapshots.refused is not None or not snapshots.taken or not plan.preemptions:
         return None
     head = plan.preemptions[0]
+
+    def done(step: int) -> int:  # the step after which the reference had reported the checkpoint of ``step``
+        return (ready or {}).get(step, step)
+
     if head.fault == "rerun":
-        before_end = [step for step in snapshots.taken if last_step is not None and step < last_step]
+        before_end = [step for step in snapshots.taken if last_step is not None and done(step) < last_step]
         return max(before_end) if before_end else None
     if head.fs_event is not None and head.after_step is None:
         return None  # crash@N counts the first attempt's file-system events from its start (crash@S+N: from step S)
     # (a crash point of a later fault counts its own attempt's events: the same from either start)
     first = head.after_step if head.after_step is not None else head.at_step
-    before = [step for step in snapshots.taken if step < first]
+    before = [step for step in snapshots.taken if done(step) < first]
     return max(before) if before else None
 
 
@@ -336,7 +363,7 @@ class Prefixes:
     def start(self, job: JobSpec, plan: Plan, reference: RunRecord) -> Prefix | None:
         """Where ``plan`` may start: the reference's newest snapshot before its first fault."""
         snapshots = self._snapshots.get(held_key(job))  # a twin with prefixes off is another key, with none
-        step = choose(plan, snapshots, reference.steps[-1].step if reference.steps else None)
+        step = choose(plan, snapshots, reference.steps[-1].step if reference.steps else None, ready_steps(reference))
         if step is None or snapshots is None:
             return None
         return Prefix(step, snapshots.taken[step], reference, Path(reference.workdir) / "checkpoints")
