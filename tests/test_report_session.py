@@ -48,6 +48,15 @@ def _project(root: Path) -> None:
     (root / "test_gate.py").write_text(
         "def test_resume(spotchaos, spotchaos_job):\n    spotchaos.check(spotchaos_job, 'sigterm@3')\n"
     )
+    # what the controller sees of the workers' folders when it hears a worker is done (it gives a
+    # worker 10 s to exit after that): every reference run already removed with the worker's runner
+    (root / "conftest.py").write_text(
+        "import json, pathlib\n"
+        "def pytest_testnodedown(node, error):\n"
+        "    left = sorted(str(p) for p in pathlib.Path('out/runs').glob('*/*-reference*'))\n"
+        "    with open('nodedown.jsonl', 'a') as f:\n"
+        "        f.write(json.dumps(left) + '\\n')\n"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +65,16 @@ def session(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     _project(root)
     result = run_pytest(root, "--spotchaos", "--spotchaos-seed=7", "-n", "2", "--junitxml=junit.xml")
     return root, result
+
+
+def test_a_worker_ends_its_runs_and_clusters_before_it_says_it_is_done(session):
+    """pytest-xdist gives a worker 10 s to exit once it said it was done: a worker that ended its
+    Ray cluster after that was sometimes stopped midway, its folders left to the next run."""
+    root, _ = session
+    seen = [json.loads(line) for line in (root / "nodedown.jsonl").read_text().splitlines()]
+    left = [path for paths in seen for path in paths]
+    # the references of the two failing jobs are kept for inspection, as their runs are; the passing job's went
+    assert len(seen) == 2 and left and not [path for path in left if "-good-reference" in path], seen
 
 
 def _report(root: Path) -> dict:

@@ -58,6 +58,7 @@ class _State:
     reaped: list[str] = field(default_factory=list)  # what dead pytest runs had left running, ended at start
     old_handlers: dict[int, Any] = field(default_factory=dict)
     live_log: logging.Handler | None = None  # -v: the spotchaos logger's lines on the terminal
+    closed: bool = False  # the runner ended its jobs, clusters and folders (an xdist worker's: at its sessionfinish)
 
     @property
     def secrets(self) -> list[str]:
@@ -432,7 +433,8 @@ class _Collector:
             signal.signal(signum, handler)
         if state.live_log is not None:
             LOG.removeHandler(state.live_log)
-        state.runner.close()
+        if not state.closed:
+            state.runner.close()
         runs = state.runner.workdir.parent
         if runs.is_dir() and not any(runs.iterdir()):
             runs.rmdir()
@@ -463,6 +465,10 @@ class _Collector:
         redact_files(self.state.runner.workdir, SecretMatcher(self.state.secrets))
         if hasattr(self.config, "workerinput"):  # an xdist worker sends its records to the controller
             self.config.workeroutput["spotchaos_secrets"] = list(self.state.runner.secrets)
+            # ended before the controller hears this worker is done: it then gives a worker 10 s to exit,
+            # and a Ray cluster's end on a busy machine took longer (its folders were left to the next run)
+            self.state.runner.close()
+            self.state.closed = True
             return result
         if session.exitstatus == pytest.ExitCode.INTERRUPTED and self.state.interrupted is None:
             self.state.interrupted = "SIGINT"
