@@ -233,6 +233,9 @@ def test_a_path_only_in_entries_the_framework_never_follows_is_no_reason_to_refu
     elsewhere = snapshots_of(resume_from=f"{folder}/last.ckpt")
     elsewhere.check_names(folder, lightning)
     assert "epoch=0-step=4.ckpt" in elsewhere.refused and not elsewhere.taken
+    as_bytes = snapshots_of(latest=f"{folder}/last.ckpt".encode())  # a pointer kept as bytes
+    as_bytes.check_names(folder, lightning)
+    assert as_bytes.refused is not None and not as_bytes.taken
 
 
 @pytest.mark.unit

@@ -182,7 +182,9 @@ def _named_only_in(file: Path, needle: str, entries: tuple[str, ...]) -> bool:
     except (AsBytes, NeedsConfinement, OSError, UnsafeFile):
         return False
     for entry, value in flatten(state).items():
-        texts = [entry, *(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str))]
+        values = value if isinstance(value, list) else [value]
+        texts = [entry, *(v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values)]
+        texts = [text for text in texts if isinstance(text, str)]  # a path kept as bytes counts as well
         if any(needle in text for text in texts) and not any(fnmatch.fnmatchcase(entry, p) for p in entries):
             return False
     return True
