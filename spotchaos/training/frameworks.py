@@ -25,15 +25,20 @@ _MODEL_CHECKPOINT_BOOKKEEPING = (
     "best_k_models*",
     "dirpath",
 )
-# A callback's state is keyed by its class name and its state key: a subclass of ModelCheckpoint
-# (lightning_exact's StepBoundaryCheckpoint, a user's own) has another name and the same state, whose
-# key starts with the monitor it watches (``StepBoundaryCheckpoint{'monitor': None, ...}``).
-_LIGHTNING = (
-    "loops.*.ready",
-    "loops.*.started",
-    *(f"*ModelCheckpoint*.{name}" for name in _MODEL_CHECKPOINT_BOOKKEEPING),
-    *(f"callbacks.*{{'monitor'*.{name}" for name in _MODEL_CHECKPOINT_BOOKKEEPING),
-)
+
+
+def _model_checkpoint_entries(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Patterns of ``names`` in any ModelCheckpoint's state. A callback's state is keyed by its class
+    name and its state key: a subclass (lightning_exact's StepBoundaryCheckpoint, a user's own) has
+    another name and the same state, whose key starts with the monitor it watches
+    (``StepBoundaryCheckpoint{'monitor': None, ...}``)."""
+    return (
+        *(f"*ModelCheckpoint*.{name}" for name in names),
+        *(f"callbacks.*{{'monitor'*.{name}" for name in names),
+    )
+
+
+_LIGHTNING = ("loops.*.ready", "loops.*.started", *_model_checkpoint_entries(_MODEL_CHECKPOINT_BOOKKEEPING))
 
 # The paths among that bookkeeping (the run's own folder, its files): Lightning reloads them only
 # into a ModelCheckpoint of the same ``dirpath`` (``ModelCheckpoint.load_state_dict``, Lightning
@@ -41,10 +46,7 @@ _LIGHTNING = (
 # started from a copy of the reference's folder has another dirpath, so it never reaches the
 # reference's files by them: a checkpoint naming them there still takes prefixes.
 _MODEL_CHECKPOINT_PATHS = ("last_model_path", "best_model_path", "kth_best_model_path", "best_k_models*", "dirpath")
-_LIGHTNING_PATHS = (
-    *(f"*ModelCheckpoint*.{name}" for name in _MODEL_CHECKPOINT_PATHS),
-    *(f"callbacks.*{{'monitor'*.{name}" for name in _MODEL_CHECKPOINT_PATHS),
-)
+_LIGHTNING_PATHS = _model_checkpoint_entries(_MODEL_CHECKPOINT_PATHS)
 PATHS_NEVER_FOLLOWED: dict[str, tuple[str, ...]] = {
     "lightning": _LIGHTNING_PATHS,
     "pytorch_lightning": _LIGHTNING_PATHS,
