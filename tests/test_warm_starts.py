@@ -6,6 +6,7 @@ told, forking real attempts, ended by the leftover sweep when the pytest that st
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spotchaos.config.jobs import job_from_mapping
+from spotchaos.config.jobs import JobSpec, job_from_mapping
 from spotchaos.faults.plan import Plan
 from spotchaos.host.leftovers import LiveJobs
 from spotchaos.host.processes import carries, is_running, start_time
@@ -243,6 +244,54 @@ def test_the_tests_of_a_session_fork_from_one_warm_interpreter_whatever_pytest_s
             handle.cleanup()
             parents.append(json.loads(out.read_text())["parent"])
     assert parents[0] == parents[1] != parents[2], parents
+
+
+def test_consecutive_attempts_hash_strings_differently_unless_the_job_fixes_its_hash_seed(folder):
+    """Fresh processes hash strings with their own secret; children of one interpreter share it. An
+    attempt forks from the job's other seeded interpreter than the attempt before it, so a resume
+    hashes differently from the attempt that wrote its checkpoint, as it would cold; a job whose
+    environment fixes PYTHONHASHSEED hashes alike in every attempt, as it would cold."""
+    (folder / "hashes.py").write_text(
+        "import json, os, sys\n"
+        "print(json.dumps({'hash': hash('spotchaos'), 'env': os.environ.get('PYTHONHASHSEED')}))\n"
+    )
+
+    def hashes(start: dict[str, str]) -> list[dict]:
+        seen = []
+        with WarmStarts(live=LiveJobs(folder / "live")) as pool:
+            for attempt in range(4):
+                out = folder / f"h{attempt}.out"
+                env = {**start, "SPOTCHAOS_RUN_ID": f"{attempt:012d}", "SPOTCHAOS_ATTEMPT": str(attempt)}
+                with open(out, "w") as stdout, open(folder / f"h{attempt}.err", "w") as stderr:
+                    handle = pool.start(
+                        (sys.executable, "hashes.py"), env, start, folder, ("json",), stdout.fileno(), stderr.fileno()
+                    )
+                assert handle.start_kind == "warm" and handle.wait(60) == 0, (folder / f"h{attempt}.err").read_text()
+                handle.cleanup()
+                seen.append(json.loads(out.read_text()))
+        return seen
+
+    salted = hashes(_base())
+    assert all(a["hash"] != b["hash"] for a, b in itertools.pairwise(salted)), salted
+    assert {s["env"] for s in salted} == {None}, "the interpreter's seed stays out of the job's environment"
+    fixed = hashes(_base(PYTHONHASHSEED="7"))
+    assert len({s["hash"] for s in fixed}) == 1 and {s["env"] for s in fixed} == {"7"}, fixed
+
+
+def test_a_job_whose_resume_depends_on_string_hashing_fails_warm_as_it_fails_cold(tmp_path):
+    """``broken_set_ordered_params``: the optimizer's order comes from a set of names, so a resume
+    in a process that hashes differently hands moments to the wrong layers. Forked attempts once
+    shared one secret and passed; each start kind must fail it."""
+    script = str(ROOT / "fixtures" / "broken_set_ordered_params.py")
+    command = ("python", script, "--steps", "16", "--step-seconds", "0")
+    job = JobSpec(name="set-ordered", command=command, grace_seconds=10, state_diff=False)
+    for warm in (True, False):
+        with ChaosRunner(ROOT, workdir=tmp_path / f"warm-{warm}", warm=warm, prefix=False) as runner:
+            run, verdict = runner.run(job, Plan.parse("sigterm@6"))
+            kinds = {a.start_kind.split(" ")[0] for a in run.attempts}
+            assert kinds == ({"warm"} if warm else {"cold"}), kinds
+            assert not verdict.passed, f"warm={warm}: a resume that hands moments to other layers passed"
+            assert "step 7" in verdict.message(), verdict.message()
 
 
 def test_a_killed_pytest_leaves_its_warm_interpreter_and_attempt_to_the_next_session(folder):

@@ -9,6 +9,16 @@ interpreter flag, ``-m``, ``LD_PRELOAD``, ``OMP_NUM_THREADS``) starts cold, and 
 jobs whose imports leave threads running (a fork would not be safe), and any job when the
 interpreter cannot be reached: warm is an optimisation, never a condition.
 
+What a fork would share that fresh processes do not: the string-hash secret, fixed when an
+interpreter starts and cached in every ``str`` it made (so it cannot be changed in a child). A job
+whose state depends on set or dict order of strings (parameter groups built from a set of names)
+resumes wrong only when the resuming process hashes differently from the one that saved; children
+of one interpreter never do, so such a job would pass warm and fail cold. Each job therefore gets
+two interpreters started with different ``PYTHONHASHSEED`` values (``HASH_SLOTS``), and an attempt
+forks from the one its predecessor in the run did not (by ``SPOTCHAOS_ATTEMPT``): a resume always
+hashes differently from the attempt that wrote its checkpoint, as it would cold. A job whose own
+environment fixes ``PYTHONHASHSEED`` gets one: cold starts would share it too.
+
 The interpreters are this session's: each is written down with the attempts (``LiveJobs``) so a
 later pytest ends it if this one dies, and :meth:`WarmStarts.close` ends them all.
 """
@@ -19,6 +29,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import select
 import signal
 import socket
@@ -46,6 +57,8 @@ START_READ = re.compile(
 # no interpreter reads it while it starts, and a key with it made each test of a session start its
 # own warm interpreter (65 in the main job, 2.4-4.3 CPU-seconds each, where 20 served)
 PER_TEST = frozenset({"PYTEST_CURRENT_TEST"})
+ATTEMPT_VARIABLE = "SPOTCHAOS_ATTEMPT"  # the probe's ENV_ATTEMPT: which attempt of its run a process is
+HASH_SLOTS = 2  # interpreters per job, each with its own string-hash secret: consecutive attempts alternate
 SAFE_FLAGS = {"-u", "-B", "-O", "-OO", "-q", "-b", "-bb"}
 PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?$")
 MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -96,7 +109,12 @@ def plan_launch(
         raise ColdStart("the attempt has no run marker")
     # not the folder nor the script: the child takes those, so a job and the helpers that read its
     # checkpoints in its confinement share one interpreter
-    key = (tuple(argv[:index]), tuple(sorted((k, v) for k, v in start_env.items() if k not in PER_TEST)), preload)
+    key = (
+        tuple(argv[:index]),
+        tuple(sorted((k, v) for k, v in start_env.items() if k not in PER_TEST)),
+        preload,
+        hash_slot(env, start_env),
+    )
     request = {
         "argv": list(argv[index + 2 :]) if module else list(argv[index:]),
         "module": module,
@@ -106,6 +124,17 @@ def plan_launch(
         "site_hooks": hooks,
     }
     return _Launch(key, tuple(argv[:index]), request)
+
+
+def hash_slot(env: Mapping[str, str], start_env: Mapping[str, str]) -> int | None:
+    """Which of the job's seeded interpreters an attempt forks from (None: the job fixes its own
+    ``PYTHONHASHSEED``, and every fresh process of it would hash alike)."""
+    if start_env.get("PYTHONHASHSEED", "random") != "random":
+        return None
+    try:
+        return int(env.get(ATTEMPT_VARIABLE, "0")) % HASH_SLOTS
+    except ValueError:
+        return 0
 
 
 def _path_prepend(attempt: str, start: str) -> tuple[list[str], list[str]]:
@@ -129,6 +158,9 @@ class _Zygote:
         self.id = uuid.uuid4().hex[:12]  # as long as a run id: each child writes its own in its place
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: v for k, v in start_env.items() if k != MARKER_VARIABLE}
+        if launch.key[-1] is not None:  # its own string-hash secret; children take the attempt's environment
+            env["PYTHONHASHSEED"] = str(1 + secrets.randbelow(4294967295))
+        self.hash_seed = env.get("PYTHONHASHSEED")
         env[MARKER_VARIABLE] = self.id  # last: see zygote.py
         try:
             self.process = subprocess.Popen(
@@ -265,9 +297,10 @@ class WarmHandle:
 
 
 class WarmStarts:
-    """A session's warm interpreters (at most ``limit``, the least recently used ended first)."""
+    """A session's warm interpreters (at most ``limit``, the least recently used ended first: two
+    jobs' worth, each job's ``HASH_SLOTS``)."""
 
-    def __init__(self, limit: int = 2, live: LiveJobs | None = None) -> None:
+    def __init__(self, limit: int = 2 * HASH_SLOTS, live: LiveJobs | None = None) -> None:
         self.limit = limit
         self.live = live or LiveJobs()
         self._zygotes: OrderedDict[tuple, _Zygote] = OrderedDict()
