@@ -90,6 +90,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run up to N plans of a scenario at once, then replay the search on their verdicts "
         "(default: 1; a job with gpus: as many as the GPUs lease)",
     )
+    _add_shortcut_options(group)
+    _add_reference_cache_options(group)
+    group.addoption("--spotchaos-history", metavar="DIR|off", help=HISTORY_HELP)
+    group.addoption("--spotchaos-keep-runs", action="store_true", help="keep passing runs' folders too (default: not)")
+
+
+def _add_shortcut_options(group: pytest.OptionGroup) -> None:
+    """The shortcuts (training/shortcuts.py): each may be turned off, and passes through them audited."""
     group.addoption(
         "--spotchaos-warm",
         choices=("on", "off"),
@@ -102,9 +110,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="searched plans start from a copy of the reference's checkpoint before their first fault, not step 0 "
         "(default: on; a job's first searched plan of the session always starts from step 0)",
     )
-    _add_reference_cache_options(group)
-    group.addoption("--spotchaos-history", metavar="DIR|off", help=HISTORY_HELP)
-    group.addoption("--spotchaos-keep-runs", action="store_true", help="keep passing runs' folders too (default: not)")
+    group.addoption(
+        "--spotchaos-audit",
+        type=int,
+        metavar="N",
+        help="run the first N plans per job that passed through a shortcut (a warm start, a start from the "
+        "reference's copy, a cached reference) again on the slow path, and fail if the verdicts differ "
+        "(default: 0; a failure through a shortcut is always judged again)",
+    )
 
 
 def _add_reference_cache_options(group: pytest.OptionGroup) -> None:

@@ -88,6 +88,8 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
         "prefix_step": run.prefix_step,
         "reused": run.reused,  # run by another scenario of this session on the same job: its verdict, not run again
     }
+    if run.shortcuts:  # its shortcuts and the slow path disagreed (training/shortcuts.py)
+        summary["shortcuts"] = run.shortcuts
     if any(a.gpus for a in run.attempts):  # where each attempt ran: the devices it leased, and when
         summary["gpus"] = [a.gpus for a in run.attempts]
     if any(a.placement for a in run.attempts):  # the cluster node each attempt ran on

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,6 +40,7 @@ from .training.logadapter import StepConvention, convention_from_dict
 from .training.reference.cache import Cached, ReferenceCache, reference_difference
 from .training.reference.prefix import Prefix, Prefixes, Snapshots, held_key, snapshots_dir
 from .training.reference.prefix import why_not as why_no_prefix
+from .training.shortcuts import Judged, Shortcuts, slow, used_by
 from .training.state.diff import StateDifference
 from .training.state.kept import KeptCopies, kept_dir
 from .training.trajectory import RunRecord
@@ -93,7 +94,7 @@ def _audit_key(job: JobSpec) -> str:
 class SessionCore:
     """Runs, references and resources of one session (see the module's docstring)."""
 
-    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, **share: bool):
+    def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, **share: int):
         self.root = Path(root)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +116,7 @@ class SessionCore:
         # and the copies of each reference's checkpoint folder a plan may start from
         self.warm_starts = self._resources.enter_context(WarmStarts()) if share.get("warm", True) else None
         self.prefixes = Prefixes(share.get("prefix", True))
-        self._passed: dict[tuple[str, str], tuple[RunRecord, Verdict]] = {}  # (job key, plan): a passing run
+        self.shortcuts = Shortcuts(audit=int(share.get("audit", 0)))  # reused passes, disagreements, audits
         self.kept = KeptCopies()  # the checkpoints kept for the state diff: one budget, identical files once
         self.reference_cache: ReferenceCache | None = None  # references kept across sessions: the caller's
         self._from_cache: set[str] = set()  # jobs whose reference came from it, and no failed run questioned yet
@@ -304,27 +305,14 @@ class SessionCore:
         return record
 
     def run(self, job: JobSpec, plan: Plan, *, prefix: bool = False, reuse: bool = False) -> tuple[RunRecord, Verdict]:
-        """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's checkpoint
-        before its first fault where it can, from step 0 if that fails; ``reuse``: a plan passed is not run again."""
-        if reuse and (ran := self._passed.get((held_key(job), str(plan)))) is not None:
-            return replace(ran[0], reused=True), ran[1]
-        start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
-        record, verdict = self._judged(job, plan, start)
-        if not verdict.passed and _stale_reference(self, job):  # judged against a stale cached reference: again
-            self.discard(record)
-            start = self.prefixes.start(job, plan, self.reference(job)) if prefix else None
-            record, verdict = self._judged(job, plan, start)
-        if verdict.passed and reuse:
-            self._passed[(held_key(job), str(plan))] = (record, verdict)
-        if not verdict.passed:  # no more prefixes for the job: the search shrinks from step 0, as it always did
-            from_copy = verdict
-            if start is not None:
-                self.discard(record)
-                record, verdict = self._judged(job, plan, None)
-            self.prefixes.failed(job, self.reference(job), plan, start, verdict, from_copy)
-        return record, verdict
+        """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's
+        checkpoint before its first fault where it can; ``reuse``: a plan passed is not run again.
+        A failure seen through a shortcut is judged again on the slow path (``training/shortcuts.py``)."""
+        return _run_judged(self, job, plan, prefix=prefix, reuse=reuse)
 
-    def _judged(self, job: JobSpec, plan: Plan, start: Prefix | None) -> tuple[RunRecord, Verdict]:
+    def judged(self, job: JobSpec, plan: Plan, start: Prefix | None) -> Judged:
+        """One run of ``plan`` from ``start`` (None: step 0), judged against the job's reference."""
+        cached = held_key(job) in self._from_cache
         reference = self.reference(job)
         workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
         record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed", prefix=start)
@@ -342,7 +330,7 @@ class SessionCore:
         note_harness(time.monotonic() - judging)
         if verdict.passed:
             self.discard(record)
-        return record, verdict
+        return Judged(record, verdict, used_by(record, start, cached))
 
     def secrets_of(self, job: JobSpec) -> list[str]:
         """What no output of ``job`` may show: its secret-named variables and every S3 secret handed out."""
@@ -390,6 +378,48 @@ class SessionCore:
             self.discard(reference)
         if self.workdir.exists() and not any(self.workdir.iterdir()):
             self.workdir.rmdir()
+
+
+def _run_judged(core: SessionCore, job: JobSpec, plan: Plan, *, prefix: bool, reuse: bool) -> tuple[RunRecord, Verdict]:
+    """A plan's verdict under the shortcuts' rule: a failure through a shortcut is judged again on the
+    slow path, whose failure is the verdict; a slow pass is a disagreement, and fails too."""
+    shortcuts = core.shortcuts
+    if shortcuts.off(job):  # a shortcut disagreed with the slow path earlier this session
+        prefix, runs_as = False, slow(job)
+    else:
+        runs_as = job
+    if reuse and (ran := shortcuts.reused(job, plan, from_copy_ok=prefix)) is not None:
+        return ran
+    start = core.prefixes.start(job, plan, core.reference(job)) if prefix else None
+    fast = core.judged(runs_as, plan, start)
+    if not fast.verdict.passed and _stale_reference(core, job):  # judged against a stale cached reference: again
+        core.discard(fast.record)
+        start = core.prefixes.start(job, plan, core.reference(job)) if prefix else None
+        fast = core.judged(runs_as, plan, start)
+    if not fast.verdict.passed:
+        result = fast
+        if fast.used:
+            slow_path = core.judged(slow(job), plan, None)
+            why = start.changed() if start is not None else None
+            if slow_path.verdict.passed and why is not None:
+                result = shortcuts.explained(job, plan, fast, slow_path, why)
+            elif slow_path.verdict.passed:
+                result = shortcuts.disagreed(job, plan, fast, slow_path, audit=False)
+            else:
+                core.discard(fast.record)
+                shortcuts.confirmed(job, plan)
+                result = slow_path
+        core.prefixes.failed(job, core.reference(job), plan, start, result.verdict, fast.verdict)
+        return result.record, result.verdict
+    if fast.used and shortcuts.take_audit(job):  # --spotchaos-audit: a pass through a shortcut, proven slow
+        slow_path = core.judged(slow(job), plan, None)
+        if not slow_path.verdict.passed:
+            result = shortcuts.disagreed(job, plan, fast, slow_path, audit=True)
+            core.prefixes.failed(job, core.reference(job), plan, start, result.verdict, fast.verdict)
+            return result.record, result.verdict
+    if reuse:
+        shortcuts.passed(job, plan, fast, start)
+    return fast.record, fast.verdict
 
 
 def _cached_or_trained(core: SessionCore, job: JobSpec, *, fresh: bool = False) -> RunRecord:
@@ -443,7 +473,7 @@ def _stale_reference(core: SessionCore, job: JobSpec) -> bool:
         said = f"the cached reference of {job.name!r} no longer matches the job ({difference}): recomputed"
         log.warning("spotchaos: %s", said)
         fresh.cache = {**(fresh.cache or {}), "recomputed": said}
-        core._passed = {k: v for k, v in core._passed.items() if k[0] != key}  # judged against the stale one
+        core.shortcuts.forget_job(job)  # passes judged against the stale one
         return True
 
 

@@ -133,6 +133,13 @@ def test_options_precedence_and_errors():
         _resolve(profile="huge")
     with pytest.raises(ConfigError, match="--spotchaos-job: no job or service named 'x'"):
         _resolve(jobs=["x"])
+    assert _resolve().audit == 0 and _resolve(audit=2).audit == 2
+    assert (
+        _resolve(environ={"SPOTCHAOS_AUDIT": "3"}).audit == 3
+        and _resolve(audit=1, environ={"SPOTCHAOS_AUDIT": "3"}).audit == 1
+    )
+    with pytest.raises(ConfigError, match=r"--spotchaos-audit \(or SPOTCHAOS_AUDIT\) must be a count"):
+        _resolve(environ={"SPOTCHAOS_AUDIT": "many"})
 
 
 def test_saved_runs_go_where_history_says_with_a_gitignore_and_off_saves_none(tmp_path):

@@ -331,8 +331,9 @@ def test_off_for_a_job_or_a_session_means_every_plan_from_step_0(session, tmp_pa
 
 def test_a_failing_prefix_run_is_judged_from_step_0_and_ends_the_jobs_prefixes(session):
     """A copy that no longer matches what the job needs (here: its newest checkpoint removed
-    behind the harness's back) fails from the prefix; the plan is then run from step 0, whose
-    verdict counts, and the job takes no more prefixes, with the reason on the report."""
+    behind the harness's back) fails from the prefix; the plan is then run on the slow path, whose
+    pass counts only because the harness proves its copy changed (a harness defect, said on the
+    run's record), and the job takes no more prefixes, with the reason on the report."""
     job = trainer("reference_trainer", "--seed", "9", name="spoiled-copy")
     reference = session.reference(job)
     start = max(step for step in reference.snapshots["steps"] if step < 13)  # 11, unless a load skipped its copy
@@ -342,6 +343,9 @@ def test_a_failing_prefix_run_is_judged_from_step_0_and_ends_the_jobs_prefixes(s
     run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
     assert verdict.passed and run.prefix_step is None, verdict.message()
     assert "passed from step 0" in reference.snapshots["refused"]
+    explained = run.shortcuts["explained"]
+    assert f"{newest.name} was gone from the copy after step {start}" in explained, explained
+    assert {a.start_kind for a in run.attempts} == {"cold"}, "the slow path starts every attempt cold"
 
 
 def held_checkpoint(hold: CheckpointHold, step: int) -> dict:
@@ -450,3 +454,41 @@ def test_a_twins_fresh_start_is_its_own_and_leaves_the_job_one():
     assert prefixes.claim_fresh_start(job, Plan.parse("sigkill@9"))  # its own, not the twin's
     assert not prefixes.claim_fresh_start(job, Plan.parse("sigkill@13"))
     assert prefixes.claim_fresh_start(job, Plan.parse("sigkill@9"))  # the claimant asks again: still its
+
+
+def test_a_side_file_beside_the_checkpoint_folder_refuses_copies_and_fails_on_every_path(tmp_path):
+    """``broken_side_file`` writes ``side.json`` next to its checkpoint folder at a fresh start and
+    misuses it on resume; a resume from a copy of the checkpoint folder alone never saw it, so
+    plans from copies passed. The reference's trace names the file, no plan starts from a copy,
+    and the plan fails with prefixes on and off, warm and cold."""
+    job = trainer("broken_side_file")
+    for warm, prefix in ((True, True), (False, False)):
+        with ChaosRunner(ROOT, workdir=tmp_path / f"{warm}-{prefix}", warm=warm, prefix=prefix) as runner:
+            reference = runner.reference(job)
+            if prefix:
+                refused = reference.snapshots["refused"]
+                assert "side.json outside its checkpoint folder (open-write before its first step)" in refused, refused
+                assert reference.snapshots["steps"] == []
+            run, verdict = runner.run(job, Plan.parse("sigterm@9"), prefix=prefix)
+            assert run.prefix_step is None and not verdict.passed
+            assert "batch" in verdict.message(), verdict.message()  # the batches after the resume differ
+
+
+def test_a_failure_on_a_shortcut_that_the_slow_path_does_not_see_fails_naming_the_shortcut(tmp_path):
+    """``broken_warm_only`` resumes wrong only when forked warm. The warm failure is judged again
+    cold, from step 0; the cold pass does not overrule it: the verdict names the warm start, says
+    the cause is unknown, and the job runs the rest of the session on the slow path."""
+    job = trainer("broken_warm_only")
+    with ChaosRunner(ROOT, workdir=tmp_path / "runs") as runner:
+        run, verdict = runner.run(job, Plan.parse("sigterm@9"), prefix=True, reuse=True)
+        assert not verdict.passed
+        first = verdict.failures[0]
+        assert first.startswith("the start from the reference's copy and warm start changed the verdict"), first
+        assert "The cause is unknown" in first and "hint" not in first, first  # what was seen, no guessed cause
+        assert run.shortcuts["used"] == ["start from the reference's copy", "warm start"], run.shortcuts
+        assert runner.shortcuts.off(job) is not None
+        _, verdict_again = runner.run(job, Plan.parse("sigterm@9"), prefix=True, reuse=True)
+        assert not verdict_again.passed and verdict_again.failures == verdict.failures  # a replay sees it too
+        later, later_verdict = runner.run(job, Plan.parse("sigkill@13"), prefix=True)
+        assert later_verdict.passed, later_verdict.message()  # cold from step 0 it resumes right
+        assert {a.start_kind.split(":")[0] for a in later.attempts} == {"cold"} and later.prefix_step is None

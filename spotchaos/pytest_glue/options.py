@@ -40,6 +40,7 @@ class RunOptions:
     history: str | None = HISTORY_DIR  # where each session's report is saved for compare (None: nowhere)
     reference_cache: str | None = None  # where references are kept across sessions (None: nowhere)
     fresh_reference: bool = False  # train every reference again, and rewrite its entry
+    audit: int = 0  # passes per job through a shortcut judged again on the slow path (training/shortcuts.py)
 
 
 def resolve(
@@ -66,6 +67,7 @@ def resolve(
     history: str | None = None,
     reference_cache: str | None = None,
     fresh_reference: bool = False,
+    audit: int | None = None,
 ) -> RunOptions:
     """Combine the sources; ``seed='last'`` replays the previous session's seed."""
     resolved_seed = _seed(seed if seed is not None else environ.get("SPOTCHAOS_SEED"), last_seed)
@@ -118,7 +120,21 @@ def resolve(
             reference_cache if reference_cache is not None else environ.get("SPOTCHAOS_REFERENCE_CACHE"), environ
         ),
         fresh_reference=fresh_reference,
+        audit=_audit(audit if audit is not None else environ.get("SPOTCHAOS_AUDIT")),
     )
+
+
+def _audit(value: int | str | None) -> int:
+    """How many passes per job through a shortcut are run again on the slow path (0: none)."""
+    if value is None or value == "":
+        return 0
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ConfigError(f"--spotchaos-audit (or SPOTCHAOS_AUDIT) must be a count of plans, 0 or more; got {value!r}")
+    return count
 
 
 def _reference_cache(value: str | None, environ: Mapping[str, str]) -> str | None:

@@ -141,6 +141,7 @@ def start(config: pytest.Config) -> None:
             history=config.getoption("spotchaos_history"),
             reference_cache=config.getoption("spotchaos_reference_cache"),
             fresh_reference=config.getoption("spotchaos_fresh_reference"),
+            audit=config.getoption("spotchaos_audit"),
             require_docker=config.getoption("spotchaos_require_docker"),
             require_gpu=config.getoption("spotchaos_require_gpu"),
             verbose=config.option.verbose > 0,
@@ -166,7 +167,12 @@ def start(config: pytest.Config) -> None:
             f"(--spotchaos-output or [tool.spotchaos] output): {exc.strerror or exc}"
         ) from None
     runner = ChaosRunner(
-        config.rootpath, workdir=runs, keep_passing=options.keep_runs, warm=options.warm, prefix=options.prefix
+        config.rootpath,
+        workdir=runs,
+        keep_passing=options.keep_runs,
+        warm=options.warm,
+        prefix=options.prefix,
+        audit=options.audit,
     )
     if options.reference_cache is not None:
         runner.reference_cache = ReferenceCache(options.reference_cache, fresh=options.fresh_reference)

@@ -145,6 +145,8 @@ class RunRecord:
     # the reference's: whether it was read from the reference cache, stored in it, or why neither
     # (spotchaos/training/reference/cache.py)
     cache: dict[str, Any] | None = None
+    # a run whose fast and slow paths disagreed: the shortcuts it took and what that changed (training/shortcuts.py)
+    shortcuts: dict[str, Any] | None = None
     # a reference read from the cache: the folder it was trained in, which its checkpoints' contents name
     # (a Trainer's output_dir); the state diff takes a path under it for the run's own, as under ``workdir``
     trained_in: str | None = None

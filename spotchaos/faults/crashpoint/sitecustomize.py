@@ -16,6 +16,9 @@ SPOTCHAOS_CRASH_AFTER_STEP (then SPOTCHAOS_CRASH_AT counts the events after the 
 that step, which the probe announces with the audit event ``spotchaos.step``: the same moment of
 a save whether the attempt trained from step 0 or resumed from a copy of an earlier checkpoint;
 each logged event carries the last step announced and its number since),
+SPOTCHAOS_OUTSIDE_LOG (writes outside the checkpoint directory: each path the job writes,
+renames, makes or removes anywhere but there and its attempt's own folder, once: what a copy of
+the checkpoint directory alone would not hold),
 SPOTCHAOS_CRASH_RANK (a torchrun job: only that rank, in the first run of its worker group, is
 armed and logs; the agent and the other ranks are left alone).
 
@@ -47,6 +50,27 @@ _STEP_EVENT = "spotchaos.step"  # the probe's (spotchaos/probe.py STEP_AUDIT_EVE
 _step = None  # the last step the probe announced, and the events counted since
 _since = 0
 _EVENTS = {"open", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
+_OUTSIDE_LOG = os.environ.get("SPOTCHAOS_OUTSIDE_LOG")
+# what every run sees alike, or no later attempt sees: the attempt's own folder (its logs, events)
+# and TMPDIR (both new for every attempt), the kernel's files, and the user's library caches
+# (matplotlib's fonts, torch's compiled kernels: shared by every run, a copy's resume sees them too)
+_HOME = os.path.expanduser("~")
+_OUTSIDE_SKIP = tuple(
+    os.path.abspath(p) + os.sep
+    for p in [
+        *([os.path.dirname(os.path.abspath(_OUTSIDE_LOG))] if _OUTSIDE_LOG else []),
+        *([os.environ["TMPDIR"]] if os.environ.get("TMPDIR") else []),
+        "/dev",
+        "/proc",
+        "/sys",
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(_HOME, ".cache"),
+        os.environ.get("XDG_CONFIG_HOME") or os.path.join(_HOME, ".config"),
+    ]
+)
+_DIR_FD_ARG = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.rename": 2, "os.replace": 2}
+_PYCACHE = os.sep + "__pycache__" + os.sep  # Python's own byte code, written as it imports
+_OUTSIDE_MAX = 64  # paths logged at most: the first is what a refusal names
+_outside_seen = set()
 _count = 0
 _lock = threading.Lock()  # a trainer may unlink or fsync from helper threads: one numbering for all
 _local = threading.local()  # per thread: our own log write must not count
@@ -96,7 +120,11 @@ def _hook(event, args):
         return
     if not _torch_seen and "torch.serialization" in sys.modules:
         _announce_torch_saves()
-    if getattr(_local, "busy", False) or event not in _EVENTS or not args or not _under_root(args[0]):
+    if getattr(_local, "busy", False) or event not in _EVENTS or not args:
+        return
+    if not _under_root(args[0]):
+        if _OUTSIDE_LOG:
+            _log_outside(event, args)
         return
     _local.busy = True
     try:
@@ -121,6 +149,38 @@ def _hook(event, args):
                 os.close(fd)
             if (_count if _AFTER is None else _since if _step == _AFTER else None) == _AT:
                 _die()
+    finally:
+        _local.busy = False
+
+
+def _log_outside(event, args):
+    """One line per path written outside the checkpoint directory (reads are not logged); never
+    raises into the job."""
+    if not isinstance(args[0], str | bytes | os.PathLike) or len(_outside_seen) >= _OUTSIDE_MAX:
+        return
+    try:
+        kind = _describe(event, args)[0]
+        path = os.fsdecode(args[0])
+        at = _DIR_FD_ARG.get(event)
+        dir_fd = args[at] if at is not None and len(args) > at else None
+        if not os.path.isabs(path) and isinstance(dir_fd, int) and dir_fd >= 0:  # relative to a folder's fd
+            path = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        path = os.path.abspath(path)
+    except (TypeError, ValueError, OSError):
+        return
+    if kind == "open-read" or path in _outside_seen or path.startswith(_OUTSIDE_SKIP) or _PYCACHE in path:
+        return
+    if _under_root(path):  # a name relative to a folder's descriptor inside the checkpoint directory
+        return
+    _local.busy = True
+    try:
+        with _lock:
+            _outside_seen.add(path)
+            fd = os.open(_OUTSIDE_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(fd, (json.dumps({"event": kind, "path": path, "pid": os.getpid(), "step": _step}) + "\n").encode())
+            os.close(fd)
+    except OSError:
+        pass
     finally:
         _local.busy = False
 

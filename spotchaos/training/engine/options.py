@@ -22,6 +22,7 @@ CRASHPOINT_DIR = Path(__file__).resolve().parents[2] / "faults" / "crashpoint"
 
 
 FS_EVENTS = "fs-events.jsonl"
+FS_OUTSIDE = "fs-outside.jsonl"  # what a traced attempt wrote outside its checkpoint folder, a path once
 
 
 FINAL_TENSORS = "final-tensors.pt"

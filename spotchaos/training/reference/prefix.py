@@ -23,6 +23,7 @@ folder (``Snapshots.refused``): a run started from the copy would read another r
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import shutil
 import threading
@@ -35,6 +36,7 @@ from ...config.jobs import JobSpec
 from ...faults.plan import Plan
 from ...safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
 from ..engine.hold import CheckpointHold
+from ..engine.options import FS_OUTSIDE
 from ..frameworks import framework_of, paths_never_followed
 from ..state.confined.state_diff import flatten
 from ..state.formats import AsBytes, NeedsConfinement, load_state
@@ -86,6 +88,15 @@ class Snapshots:
     used: int = 0
     refused: str | None = None  # why this job takes no prefix after all, in one line
     skipped: dict[int, str] = field(default_factory=dict)  # a checkpoint not copied, and why
+    # each copy's names and sizes as made: a copy that no longer matches explains a run from it
+    # failing where the slow path passed (a harness defect, never the job's: training/shortcuts.py)
+    manifests: dict[int, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+
+    def manifest(self, step: int) -> tuple[tuple[str, int], ...]:
+        """The copy after ``step`` as it was made (a copy read from the cache: as first used)."""
+        if step not in self.manifests:
+            self.manifests[step] = manifest_of(self.taken[step])
+        return self.manifests[step]
 
     def take(self, event: dict[str, Any], checkpoints: Path, hold: CheckpointHold) -> None:
         """Copy ``checkpoints`` as the checkpoint ``event`` reports left it, while the job holds."""
@@ -131,6 +142,7 @@ class Snapshots:
             self.skipped[step] = "the folder changed while it was copied"
             return
         self.taken[step] = target
+        self.manifests[step] = manifest_of(target)
         self.skipped.pop(step, None)  # an earlier report of the step was not copied; its last one was
         self.used += size
 
@@ -152,6 +164,29 @@ class Snapshots:
                     f"its checkpoint after step {step} ({file.relative_to(snapshot)}) names a path inside the "
                     f"reference run's own folder {reference_folder}: a run started from a copy would read another "
                     "run's files"
+                )
+                self.drop()
+                return
+
+    def check_outside(self, log: Path) -> None:
+        """Refuse every prefix of a job whose reference wrote outside its checkpoint folder (a side
+        file in its run folder, a file it created in its working folder): a copy holds the
+        checkpoint folder alone, so a resume from it would not be the job's real one. Written by the
+        crash-point hook (``SPOTCHAOS_OUTSIDE_LOG``); what every run sees alike is not in it."""
+        if self.refused is not None or not log.is_file():
+            return
+        for line in read_bounded(log, SCAN_BYTES).decode("utf-8", "replace").splitlines():
+            try:
+                written = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(written, dict) and isinstance(written.get("path"), str):
+                step = written.get("step")
+                when = f"after step {step}" if isinstance(step, int) else "before its first step"
+                self.refused = (
+                    f"its uninterrupted run wrote {written['path']} outside its checkpoint folder "
+                    f"({written.get('event')} {when}): a run started from a copy of the checkpoint folder alone "
+                    "would not see it, so every plan starts from step 0"
                 )
                 self.drop()
                 return
@@ -190,6 +225,11 @@ def _named_only_in(file: Path, needle: str, entries: tuple[str, ...]) -> bool:
     return True
 
 
+def manifest_of(folder: Path) -> tuple[tuple[str, int], ...]:
+    """The names and sizes below ``folder``, no link followed."""
+    return tuple((name, size) for name, size, _, _ in listing(folder))
+
+
 def _bytes(folder: Path) -> int:
     return sum(os.lstat(f).st_size for f in regular_files(folder))
 
@@ -202,6 +242,21 @@ class Prefix:
     snapshot: Path
     reference: RunRecord
     reference_checkpoints: Path
+    manifest: tuple[tuple[str, int], ...] = ()
+
+    def changed(self) -> str | None:
+        """How the copy differs from what it was when made (None: it does not): a run from it then
+        did not start from the reference's folder, and what it failed says nothing of the job."""
+        now = dict(manifest_of(self.snapshot))
+        was = dict(self.manifest)
+        gone = sorted(set(was) - set(now))
+        if gone:
+            return f"{gone[0]} was gone from the copy after step {self.step}"
+        resized = sorted(name for name in was if now[name] != was[name])
+        if resized:
+            return f"{resized[0]} in the copy after step {self.step} was {was[resized[0]]} bytes, now {now[resized[0]]}"
+        added = sorted(set(now) - set(was))
+        return f"{added[0]} was added to the copy after step {self.step}" if added else None
 
     def restore(self, checkpoints: Path) -> None:
         """The run's (empty, new) checkpoint folder made a copy of the snapshot."""
@@ -351,6 +406,7 @@ class Prefixes:
             starts = reference.attempts[0].of_kind("start") if reference.attempts else []
             never_followed = paths_never_followed(framework_of(job.framework, starts))
             snapshots.check_names(Path(reference.workdir) / "checkpoints", never_followed)
+            snapshots.check_outside(Path(reference.workdir) / "attempt-0" / FS_OUTSIDE)
             self._snapshots[held_key(job)] = snapshots
             reference.snapshots = snapshots.describe()
         elif self.enabled:
@@ -368,7 +424,8 @@ class Prefixes:
         step = choose(plan, snapshots, reference.steps[-1].step if reference.steps else None, ready_steps(reference))
         if step is None or snapshots is None:
             return None
-        return Prefix(step, snapshots.taken[step], reference, Path(reference.workdir) / "checkpoints")
+        checkpoints = Path(reference.workdir) / "checkpoints"
+        return Prefix(step, snapshots.taken[step], reference, checkpoints, snapshots.manifest(step))
 
     def failed(
         self, job: JobSpec, reference: RunRecord, plan: Plan, tried: Prefix | None, verdict: Any, from_copy: Any = None

@@ -1,0 +1,133 @@
+"""The shortcuts' rule: a shortcut may save work, never decide (spotchaos/training/shortcuts.py).
+
+A reused pass answers only the very same job: its key is every field of the job's dataclass. The
+plans that fail through a shortcut and pass on the slow path are in test_prefix.py (a copy) and
+test_warm_starts.py (a warm start); the audit is here.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import replace
+
+import pytest
+
+from spotchaos.config.container import ContainerSpec
+from spotchaos.config.jobs import JobSpec
+from spotchaos.config.logspec import LogSpec
+from spotchaos.config.prices import CostInputs
+from spotchaos.faults.plan import Plan
+from spotchaos.runner import ChaosRunner
+from spotchaos.training.shortcuts import verdict_key
+
+from .helpers import FIXTURES, ROOT
+
+# another value of each field of JobSpec: a field added without one here fails the first test
+OTHER = {
+    "name": "other",
+    "command": ("python", "other.py"),
+    "resume_command": ("python", "resume.py"),
+    "env": (("SEED", "2"),),
+    "cwd": "elsewhere",
+    "grace_seconds": 2.0,
+    "start_timeout_seconds": 30.0,
+    "event_timeout_seconds": 5.0,
+    "attempt_timeout_seconds": 60.0,
+    "provider": "gcp",
+    "overhead_budget": 0.5,
+    "checkpoint_budget_seconds": 1.0,
+    "mtbf_seconds": 3600.0,
+    "cost": CostInputs(spot_per_hour=1.0),
+    "container": ContainerSpec(image="img"),
+    "log": LogSpec(),
+    "resume_args": ("--resume",),
+    "resume_if_exists": "ckpt-*",
+    "determinism_runs": 3,
+    "exactness": "envelope",
+    "envelope_factor": 2.0,
+    "state_diff": False,
+    "state_diff_ignore": ("trainer.pt:timestamp",),
+    "parametrize": False,
+    "storage": "s3",
+    "launcher": "torchrun",
+    "nproc_per_node": 2,
+    "nnodes": 2,
+    "max_restarts": 1,
+    "rdzv_port": 29500,
+    "shutdown_timeout_seconds": 5,
+    "reshard_nproc_per_node": 1,
+    "gpus": 1,
+    "hang_timeout_seconds": 9.0,
+    "framework": "lightning",
+    "backend": "ray",
+    "ray_resources": (("num_cpus", 1.0),),
+    "notice": "kuberay",
+    "warm": False,
+    "preload": ("json",),
+    "prefix": False,
+    "snapshot_budget": 1,
+    "cache_reference": False,
+    "source": "test",
+}
+
+
+@pytest.mark.unit
+def test_a_reused_verdict_is_keyed_by_every_field_of_the_job():
+    """The key once left out the grace window, the provider, the ignore list, the timeouts and the
+    name: a job with a 2-s window passed on the verdict of its 20-s twin. Derived from the
+    dataclass, it covers a field added later without anyone listing it."""
+    assert set(OTHER) == {f.name for f in dataclasses.fields(JobSpec)}, "a new JobSpec field needs a value here"
+    base = JobSpec(name="job", command=("python", "job.py"))
+
+    def changed(name: str, value: object) -> JobSpec:  # one field, whether or not it makes sense alone
+        job = copy.copy(base)
+        object.__setattr__(job, name, value)
+        return job
+
+    keys = {name: verdict_key(changed(name, value)) for name, value in OTHER.items()}
+    assert verdict_key(base) == verdict_key(JobSpec(name="job", command=("python", "job.py")))
+    unchanged = [name for name, key in keys.items() if key == verdict_key(base)]
+    assert unchanged == [], f"changing {unchanged} left the key alone"
+
+
+def test_a_plan_passed_by_one_job_runs_again_for_a_twin_that_differs_anywhere(tmp_path):
+    """Two jobs with the same command and another grace window: the second runs the plan itself;
+    the very same job asking again gets the first verdict, and a pass from a copy never answers a
+    plan that must start from step 0."""
+    command = ("python", str(FIXTURES / "reference_trainer.py"), "--steps", "12", "--step-seconds", "0")
+    job = JobSpec(name="twin", command=command, grace_seconds=20)
+    with ChaosRunner(ROOT, workdir=tmp_path / "runs") as runner:
+        plan = Plan.parse("sigterm@6")
+        first, verdict = runner.run(job, plan, prefix=True, reuse=True)
+        assert verdict.passed and not first.reused and first.prefix_step is not None, verdict.message()
+        same, _ = runner.run(job, plan, prefix=True, reuse=True)
+        assert same.reused
+        fresh, _ = runner.run(job, plan, prefix=False, reuse=True)
+        assert not fresh.reused and fresh.prefix_step is None, "a copy's pass answered a plan from step 0"
+        twin, _ = runner.run(replace(job, grace_seconds=2), plan, prefix=True, reuse=True)
+        assert not twin.reused, "the 2-s twin took the 20-s job's verdict"
+
+
+def test_the_audit_runs_passes_through_a_shortcut_again_on_the_slow_path(tmp_path):
+    """``--spotchaos-audit=N``: the first N passes per job through a shortcut are run again cold,
+    from step 0. A correct job agrees and spends its audit; ``broken_cold_only``, right only when
+    forked warm, passes warm and is caught: the verdict fails, naming the shortcut that passed it."""
+
+    def job(script: str, name: str) -> JobSpec:
+        command = ("python", str(FIXTURES / script), "--steps", "12", "--step-seconds", "0")
+        return JobSpec(name=name, command=command, grace_seconds=10)
+
+    good, cold_only = job("reference_trainer.py", "audited"), job("broken_cold_only.py", "cold-only")
+    with ChaosRunner(ROOT, workdir=tmp_path / "runs", audit=1) as runner:
+        run, verdict = runner.run(good, Plan.parse("sigterm@6"), prefix=True)
+        assert verdict.passed and run.shortcuts is None, verdict.message()
+        assert runner.shortcuts.take_audit(good) is False, "its one audit was spent"
+        run, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), prefix=True)
+        assert not verdict.passed, "the audit did not catch a pass only a warm start gives"
+        first = verdict.failures[0]
+        assert first.startswith("a shortcut passed a failing plan: through the start from the reference's copy"), first
+        assert "warm start" in run.shortcuts["used"] and runner.shortcuts.off(cold_only) is not None
+    with ChaosRunner(ROOT, workdir=tmp_path / "unaudited") as runner:
+        _, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), prefix=True)
+        assert verdict.passed, "without the audit the warm pass stands (what the audit is for)"
