@@ -448,7 +448,7 @@ def _cached_or_trained(core: SessionCore, job: JobSpec, *, fresh: bool = False) 
     if record.convention is not None:
         core._conventions[held_key(job)] = convention_from_dict(record.convention)
     if cache is not None:
-        stored = cache.store(job, core.root, record, snapshots)
+        stored = cache.store(job, core.root, record, snapshots, core.secrets_of(job))
         record.cache = {"read": False, "said": f"{said}; {stored}" if said else stored}
     return record
 
@@ -474,6 +474,7 @@ def _stale_reference(core: SessionCore, job: JobSpec) -> bool:
         log.warning("spotchaos: %s", said)
         fresh.cache = {**(fresh.cache or {}), "recomputed": said}
         core.shortcuts.forget_job(job)  # passes judged against the stale one
+        core.cache.pop(("state noise", job.key()), None)  # measured against it too
         return True
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,17 +29,23 @@ from .helpers import FIXTURES, ROOT, run_pytest
 
 WRAPPER = """\
 import pathlib, runpy, sys
-# the learning rate comes from a file whose name no command line holds: the fingerprint cannot see it
+# the learning rate comes from a file whose name no command line holds: only the run's trace names it
 rate = (pathlib.Path(__file__).parent / ("rate" + ".txt")).read_text().strip()
 sys.argv = [{trainer!r}, *sys.argv[1:], "--lr", rate]
 runpy.run_path({trainer!r}, run_name="__main__")
 """
+# the same, read by another program (no Python audit hook there): neither the fingerprint nor the trace sees it
+HIDDEN_WRAPPER = WRAPPER.replace(
+    '(pathlib.Path(__file__).parent / ("rate" + ".txt")).read_text().strip()',
+    '__import__("subprocess").check_output(["cat", pathlib.Path(__file__).parent / "rate.txt"], text=True).strip()',
+)
 
 
-def wrapped_job(folder: Path, rate: str = "0.003") -> JobSpec:
+def wrapped_job(folder: Path, rate: str = "0.003", *, hidden: bool = False) -> JobSpec:
     """The reference trainer behind a script of the test's own: 16 steps, checkpoints after 3, 7, 11, 15."""
     folder.mkdir(exist_ok=True)
-    (folder / "train.py").write_text(WRAPPER.format(trainer=str(FIXTURES / "reference_trainer.py")))
+    wrapper = HIDDEN_WRAPPER if hidden else WRAPPER
+    (folder / "train.py").write_text(wrapper.format(trainer=str(FIXTURES / "reference_trainer.py")))
     (folder / "rate.txt").write_text(rate)
     command = ("python", str(folder / "train.py"), "--steps", "16", "--checkpoint-every", "4", "--step-seconds", "0")
     return JobSpec(name="wrapped", command=command, grace_seconds=10)
@@ -64,7 +71,9 @@ def test_a_second_session_reads_an_unchanged_jobs_reference_and_its_copies_inste
     assert (entry / ENTRY).stat().st_mode & 0o777 == 0o600
     with session(tmp_path, ReferenceCache(folder), "second") as second, ScenarioRecord("cached", job.name, 1) as record:
         read = second.reference(job)
-        assert read.cache == {"read": True, "said": f"read from {entry}"}
+        said = read.cache["said"]
+        assert read.cache["read"] is True and said.startswith("reference from the cache (fingerprint "), said
+        assert said.endswith(f", made {time.strftime('%Y-%m-%d')} {said.split(', made ')[1][11:16]}): {entry}")
         assert [(s.step, s.loss, s.fingerprints) for s in read.steps] == [
             (s.step, s.loss, s.fingerprints) for s in trained.steps
         ]
@@ -82,11 +91,27 @@ def test_a_second_session_reads_an_unchanged_jobs_reference_and_its_copies_inste
     assert "its reference read from the cache" in cost_line(job.name, cost)
 
 
-def test_a_cache_the_job_no_longer_matches_is_recomputed_never_a_failure_of_the_job(tmp_path):
+def test_a_file_the_reference_read_that_changed_is_seen_when_the_entry_is_read(tmp_path):
+    """No command line names rate.txt; the reference's trace does: a changed one means a reference
+    trained again, said on the report, before any plan is judged against a stale one."""
     job, folder = wrapped_job(tmp_path / "job"), tmp_path / "cache"
     with session(tmp_path, ReferenceCache(folder), "first") as first:
+        first.reference(job)
+    with session(tmp_path, ReferenceCache(folder), "same") as same:
+        assert same.reference(job).cache["read"] is True
+    wrapped_job(tmp_path / "job", rate="0.01")
+    with session(tmp_path, ReferenceCache(folder), "second") as second:
+        cache = second.reference(job).cache
+        assert cache["read"] is False, cache
+        rate = tmp_path / "job" / "rate.txt"
+        assert f"ignored: {rate}, which its uninterrupted run read, changed since it was cached" in cache["said"]
+
+
+def test_a_cache_the_job_no_longer_matches_is_recomputed_never_a_failure_of_the_job(tmp_path):
+    job, folder = wrapped_job(tmp_path / "job", hidden=True), tmp_path / "cache"
+    with session(tmp_path, ReferenceCache(folder), "first") as first:
         stale = first.reference(job)
-    wrapped_job(tmp_path / "job", rate="0.01")  # what the job does changes; its fingerprint does not
+    wrapped_job(tmp_path / "job", rate="0.01", hidden=True)  # what the job does changes; nothing the harness sees
     with session(tmp_path, ReferenceCache(folder), "second") as second:
         assert second.reference(job).cache["read"] is True
         # a plan from a cached copy resumes the stale state: consistent with the stale reference, it passes
@@ -253,3 +278,99 @@ def test_a_cached_reference_whose_checkpoints_name_its_own_folder_is_compared_as
         _, verdict = second.run(trainer, Plan.parse("sigterm@9"))  # from step 0: its checkpoints diffed
         assert verdict.passed, verdict.message()
         assert "confirmed" not in read.cache and "recomputed" not in second.reference(trainer).cache
+
+
+def test_an_entry_of_another_user_is_neither_trusted_nor_removed(tmp_path):
+    """A restored CI cache can hold an entry another uid wrote: ignored, said so, and left in
+    place (the harness removes only what it made)."""
+    job, folder = wrapped_job(tmp_path / "job"), tmp_path / "cache"
+    with session(tmp_path, ReferenceCache(folder), "first") as first:
+        first.reference(job)
+    (entry,) = entries(folder)
+    for path in [entry, *entry.rglob("*")]:
+        os.chown(path, 4242, 4242, follow_symlinks=False)
+    with session(tmp_path, ReferenceCache(folder), "second") as second:
+        cache = second.reference(job).cache
+    assert cache["read"] is False and "ignored: an entry owned by uid 4242, not this user's" in cache["said"], cache
+    assert "not stored: an entry of uid 4242 holds its place" in cache["said"], cache
+    assert entries(folder) == [entry] and entry.stat().st_uid == 4242
+
+
+SECRET_WRAPPER = """\
+import os, pathlib, runpy, sys, urllib.parse
+folder = pathlib.Path(urllib.parse.urlparse(os.environ["SPOTCHAOS_CHECKPOINT_URI"]).path)
+folder.mkdir(parents=True, exist_ok=True)
+(folder / "credentials.txt").write_text(os.environ["HF_TOKEN"])  # a secret kept beside its checkpoints
+sys.argv = [{trainer!r}, *sys.argv[1:]]
+runpy.run_path({trainer!r}, run_name="__main__")
+"""
+
+
+def test_a_reference_whose_checkpoints_hold_a_secret_is_not_cached(tmp_path):
+    """The cache outlives the run folder in which the verdict would call the secret a leak: such a
+    reference is not kept, and the report says why."""
+    (tmp_path / "train.py").write_text(SECRET_WRAPPER.format(trainer=str(FIXTURES / "reference_trainer.py")))
+    command = ("python", str(tmp_path / "train.py"), "--steps", "8", "--checkpoint-every", "4", "--step-seconds", "0")
+    token = "hf_" + "Zq8vR2mXw4Kp7Ls9Tn3Bc6Yd1Fg5Hj0Q"
+    job = JobSpec(name="secretive", command=command, grace_seconds=10, env=(("HF_TOKEN", token),))
+    folder = tmp_path / "cache"
+    with session(tmp_path, ReferenceCache(folder), "first") as first:
+        cache = first.reference(job).cache
+    assert "not cached: its checkpoints hold a secret (" in cache["said"] and "credentials.txt" in cache["said"], cache
+    assert token not in cache["said"] and entries(folder) == []
+
+
+HELPER_WRAPPER = """\
+import pathlib, subprocess, sys
+here = pathlib.Path(__file__).parent
+sys.path[:0] = [str(here / "lib"), {fixtures!r}]
+import helper  # a module no line of the job's table names, in a folder beside no script
+from reference_trainer import Trainer, main
+
+if {hidden!r}:  # the helper's one setting read by another program: no trace of this process sees it
+    helper.EXTRA = dict([subprocess.check_output(["cat", str(here / "lib" / "extra.txt")], text=True).split("=")] if
+                        (here / "lib" / "extra.txt").stat().st_size else [])
+
+
+class WithHelper(Trainer):
+    def trainer_state(self):
+        return {{**super().trainer_state(), **helper.EXTRA}}
+
+
+main(WithHelper)
+"""
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["imported", "read-by-another-program"])
+def test_a_helper_the_table_does_not_name_changing_a_checkpoint_recomputes_and_never_fails_the_job(tmp_path, hidden):
+    """The issue's false alarm: a helper module outside the fingerprint adds one entry to each
+    checkpoint; training is unchanged. Imported, the read trace sees it changed when the entry is
+    read; read by another program, the first failing plan (its state differs from the cached
+    reference's kept checkpoints) trains the reference again, which differs in its kept
+    checkpoints: recomputed and judged again, never 'not deterministic'."""
+    folder = tmp_path / "job"
+    (folder / "lib").mkdir(parents=True)
+    (folder / "train.py").write_text(HELPER_WRAPPER.format(fixtures=str(FIXTURES), hidden=hidden))
+    (folder / "lib" / "helper.py").write_text("EXTRA = {}\n")
+    (folder / "lib" / "extra.txt").write_text("")
+    command = ("python", str(folder / "train.py"), "--steps", "16", "--checkpoint-every", "4", "--step-seconds", "0")
+    job = JobSpec(name="helped", command=command, grace_seconds=10)
+    cache = tmp_path / "cache"
+    with session(tmp_path, ReferenceCache(cache), "first") as first:
+        first.reference(job)
+    if hidden:
+        (folder / "lib" / "extra.txt").write_text("note=added by the helper")
+    else:
+        (folder / "lib" / "helper.py").write_text("EXTRA = {'note': 'added by the helper'}\n")
+    with session(tmp_path, ReferenceCache(cache), "second") as second:
+        reference = second.reference(job)
+        assert reference.cache["read"] is hidden, reference.cache
+        if not hidden:
+            assert (
+                f"ignored: {folder / 'lib' / 'helper.py'}, which its uninterrupted run read" in reference.cache["said"]
+            )
+        _, verdict = second.run(job, Plan.parse("sigterm@9"))
+        assert verdict.passed, verdict.message()
+        if hidden:
+            recomputed = second.reference(job).cache["recomputed"]
+            assert "no longer matches the job (its kept checkpoints differ (" in recomputed, recomputed

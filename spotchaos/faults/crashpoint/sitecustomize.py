@@ -18,7 +18,9 @@ a save whether the attempt trained from step 0 or resumed from a copy of an earl
 each logged event carries the last step announced and its number since),
 SPOTCHAOS_OUTSIDE_LOG (writes outside the checkpoint directory: each path the job writes,
 renames, makes or removes anywhere but there and its attempt's own folder, once: what a copy of
-the checkpoint directory alone would not hold),
+the checkpoint directory alone would not hold), SPOTCHAOS_READS_LOG (each file the job reads
+outside the checkpoint directory, its Python and installed packages, and spotchaos, once: what
+a reference kept across sessions depends on beyond what its table names),
 SPOTCHAOS_CRASH_RANK (a torchrun job: only that rank, in the first run of its worker group, is
 armed and logs; the agent and the other ranks are left alone).
 
@@ -68,6 +70,20 @@ _OUTSIDE_SKIP = tuple(
     ]
 )
 _DIR_FD_ARG = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.rename": 2, "os.replace": 2}
+_READS_LOG = os.environ.get("SPOTCHAOS_READS_LOG")
+# what the reference cache fingerprints otherwise: the interpreter, the installed packages, spotchaos
+_READS_SKIP = tuple(
+    os.path.abspath(p) + os.sep
+    for p in {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        *(p for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)),
+    }
+)
+_READS_MAX = 4096
+_reads_seen = set()
 _PYCACHE = os.sep + "__pycache__" + os.sep  # Python's own byte code, written as it imports
 _OUTSIDE_MAX = 64  # paths logged at most: the first is what a refusal names
 _outside_seen = set()
@@ -125,6 +141,8 @@ def _hook(event, args):
     if not _under_root(args[0]):
         if _OUTSIDE_LOG:
             _log_outside(event, args)
+        if _READS_LOG and event == "open":
+            _log_read(args)
         return
     _local.busy = True
     try:
@@ -178,6 +196,34 @@ def _log_outside(event, args):
             _outside_seen.add(path)
             fd = os.open(_OUTSIDE_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             os.write(fd, (json.dumps({"event": kind, "path": path, "pid": os.getpid(), "step": _step}) + "\n").encode())
+            os.close(fd)
+    except OSError:
+        pass
+    finally:
+        _local.busy = False
+
+
+def _log_read(args):
+    """One line per regular file the job opened for reading, outside what is fingerprinted anyway."""
+    if not isinstance(args[0], str | bytes | os.PathLike) or len(_reads_seen) >= _READS_MAX:
+        return
+    try:
+        if _describe("open", args)[0] != "open-read":
+            return
+        path = os.path.abspath(os.fsdecode(args[0]))
+    except (TypeError, ValueError):
+        return
+    if _PYCACHE in path and path.endswith(".pyc"):  # an import that found its byte code: the module's source
+        folder, name = os.path.split(os.path.dirname(path))[0], os.path.basename(path).split(".")[0]
+        path = os.path.join(folder, name + ".py")
+    if path in _reads_seen or path.startswith(_OUTSIDE_SKIP) or path.startswith(_READS_SKIP) or _PYCACHE in path:
+        return
+    _local.busy = True
+    try:
+        with _lock:
+            _reads_seen.add(path)
+            fd = os.open(_READS_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(fd, (json.dumps({"path": path}) + "\n").encode())
             os.close(fd)
     except OSError:
         pass

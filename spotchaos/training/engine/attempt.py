@@ -42,7 +42,15 @@ from .hold import (
     Hold,
 )
 from .landing import settle
-from .options import CHECKPOINT_PLACEHOLDER, CRASHPOINT_DIR, FINAL_TENSORS, FS_EVENTS, FS_OUTSIDE, EngineOptions
+from .options import (
+    CHECKPOINT_PLACEHOLDER,
+    CRASHPOINT_DIR,
+    FINAL_TENSORS,
+    FS_EVENTS,
+    FS_OUTSIDE,
+    FS_READS,
+    EngineOptions,
+)
 from .warmth import may_start_warm, preload_of, start_environment
 from .watch import AttemptWatch
 
@@ -190,6 +198,7 @@ class AttemptRun:
         }
         if self.options.trace_fs:  # and what it writes elsewhere: a copy of its checkpoints would not hold it
             env["SPOTCHAOS_OUTSIDE_LOG"] = str(self.folder / FS_OUTSIDE)
+            env["SPOTCHAOS_READS_LOG"] = str(self.folder / FS_READS)  # and what it read: the cache's proof
         if self.preemption is not None and self.preemption.after_step is not None:
             env["SPOTCHAOS_CRASH_AFTER_STEP"] = str(self.preemption.after_step)
         rank = self.preemption.crash_rank if self.preemption is not None else None

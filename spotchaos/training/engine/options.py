@@ -22,6 +22,7 @@ CRASHPOINT_DIR = Path(__file__).resolve().parents[2] / "faults" / "crashpoint"
 
 
 FS_EVENTS = "fs-events.jsonl"
+FS_READS = "fs-reads.jsonl"  # each file a traced attempt read outside its Python, packages and spotchaos
 FS_OUTSIDE = "fs-outside.jsonl"  # what a traced attempt wrote outside its checkpoint folder, a path once
 
 

@@ -42,8 +42,19 @@ from ... import __version__
 from ...config.jobs import JobSpec
 from ...host.gpu import nvidia_smi
 from ...host.machine import cpu_model, packages_digest
-from ...safety.safefs import Folder, NotPrivate, UnsafeFile, copy_contents, copy_file, private_dir, regular_files
-from ..engine.options import FS_EVENTS
+from ...safety.redact import leaking_files
+from ...safety.safefs import (
+    Folder,
+    NotPrivate,
+    UnsafeFile,
+    copy_contents,
+    copy_file,
+    listing,
+    private_dir,
+    read_bounded,
+    regular_files,
+)
+from ..engine.options import FS_EVENTS, FS_READS
 from ..state.kept import kept_dir
 from ..trajectory import RunRecord
 from .prefix import Snapshots, open_snapshots
@@ -186,7 +197,21 @@ def reference_difference(cached: RunRecord, fresh: RunRecord) -> str | None:
         return f"it checkpoints after steps {saved(fresh)}, not {saved(cached)}"
     if (cached.final or {}).get("digests") != (fresh.final or {}).get("digests"):
         return "its final weights differ"
+    kept = _kept_listing(cached), _kept_listing(fresh)
+    if kept[0] != kept[1]:
+        first = sorted(set(kept[0]) ^ set(kept[1]))[0]
+        return f"its kept checkpoints differ ({first[0]})"
     return None
+
+
+def _kept_listing(run: RunRecord) -> list[tuple[str, str | None]]:
+    """Each kept checkpoint file of a reference and its digest (an entry added to each changes
+    them; a size may not: torch's archive pads its records). Read only when a plan failed against
+    a cached reference, and a difference costs a reference run, never a verdict."""
+    folder = kept_dir(run.workdir)
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return [(name, _file_digest(folder / name)) for name, size, _, _ in listing(folder) if size]
 
 
 class ReferenceCache:
@@ -243,19 +268,36 @@ class ReferenceCache:
                         return "ignored: an entry of another format or fingerprint"
                     if with_snapshots and data.get("snapshots") is None:
                         return "ignored: an entry written without snapshots (--spotchaos-prefix=off)"
+                    if (owner := os.fstat(entry.fd).st_uid) != os.getuid():
+                        return f"ignored: an entry owned by uid {owner}, not this user's"
+                    if (changed := _changed_reads(data.get("read"))) is not None:
+                        return f"ignored: {changed}, which its uninterrupted run read, changed since it was cached"
                     found = _materialise(entry, data, workdir, job.snapshot_budget if with_snapshots else -1)
-                    found.said = f"read from {entry.path}"
+                    made = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(data.get("written") or 0)))
+                    found.said = f"reference from the cache (fingerprint {digest[:12]}, made {made}): {entry.path}"
                     return found
                 except (UnsafeFile, OSError, ValueError, KeyError, TypeError) as exc:
                     shutil.rmtree(workdir, ignore_errors=True)
                     shutil.rmtree(kept_dir(workdir), ignore_errors=True)
                     return f"ignored: an unreadable entry ({type(exc).__name__}: {exc})"
 
-    def store(self, job: JobSpec, root: Path, record: RunRecord, snapshots: Snapshots | None) -> str:
+    def store(
+        self, job: JobSpec, root: Path, record: RunRecord, snapshots: Snapshots | None, hidden: Iterable[str] = ()
+    ) -> str:
         """Keep ``record`` (with its kept checkpoints and snapshots) for the next session; what was
-        done, in a few words."""
+        done, in a few words. A reference whose kept checkpoints or copies hold one of ``hidden`` (secrets)
+        is not kept: the cache outlives the run folder the verdict would have called the leak in."""
         if (why := why_not(job)) is not None:
             return f"not cached: {why}"
+        values = list(hidden)
+        held = [
+            f"{folder.name}/{name}"
+            for folder in (kept_dir(record.workdir), snapshots.folder if snapshots is not None else None)
+            if folder is not None and folder.is_dir() and not folder.is_symlink()
+            for name in leaking_files(folder, values)
+        ]
+        if held:
+            return f"not cached: its checkpoints hold a secret ({held[0]})"
         top = self._open()
         if top is None:
             return f"not stored: {self.off}"
@@ -263,6 +305,8 @@ class ReferenceCache:
         name = _entry_name(job, digest)
         temporary = f".new-{name}-{os.getpid()}-{secrets.token_hex(4)}"
         with top:
+            if (owner := _owner(top, name)) not in (None, os.getuid()):
+                return f"not stored: an entry of uid {owner} holds its place, and only this user's are replaced"
             try:
                 _write(top, temporary, record, snapshots, digest)
                 with contextlib.suppress(FileNotFoundError):
@@ -330,6 +374,7 @@ def _write(top: Folder, name: str, record: RunRecord, snapshots: Snapshots | Non
         "workdir": record.workdir,
         "record": {**record.to_dict(with_events=True), "cache": None},
         "snapshots": snapshots.describe() if snapshots is not None else None,
+        "read": _reads(record),
     }
     with top.folder(name) as entry:
         fd = entry.create_file(ENTRY, 0o600)
@@ -350,11 +395,49 @@ def _write(top: Folder, name: str, record: RunRecord, snapshots: Snapshots | Non
                 copy_contents(folder, entry.path / "snapshots" / f"s{step}")
 
 
+def _reads(record: RunRecord) -> dict[str, str]:
+    """Each file the reference read outside its own folder, its Python, its packages and spotchaos
+    (the crash-point hook's trace), with its digest: a helper module the job's table does not name."""
+    traced = Path(record.workdir) / "attempt-0" / FS_READS
+    if not traced.is_file() or traced.is_symlink():
+        return {}
+    found: dict[str, str] = {}
+    for line in read_bounded(traced, ENTRY_BYTES).decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            path = json.loads(line)["path"]
+            if Path(path).is_relative_to(record.workdir) or path in found:
+                continue
+            if (digest := _file_digest(Path(path))) is not None:
+                found[path] = digest
+    return found
+
+
+def _changed_reads(read: Any) -> str | None:
+    """The first file the cached reference read whose content is not what it was then."""
+    if not isinstance(read, dict):
+        return None
+    for path, digest in sorted(read.items()):
+        if _file_digest(Path(str(path))) != digest:
+            return str(path)
+    return None
+
+
+def _owner(top: Folder, name: str) -> int | None:
+    """Who owns the entry ``name`` (None: there is none), its link not followed."""
+    try:
+        return os.stat(name, dir_fd=top.fd, follow_symlinks=False).st_uid
+    except FileNotFoundError:
+        return None
+
+
 def _prune(top: Folder, job: JobSpec) -> None:
-    """Keep the newest ``KEEP_PER_JOB`` entries of this job's name; the rest go (links among them too)."""
+    """Keep the newest ``KEEP_PER_JOB`` entries of this job's name; the rest go (links among them
+    too), but never another user's."""
     stem = _entry_name(job, "")
     mine = []
     for child in os.scandir(top.fd):
+        if _owner(top, child.name) not in (None, os.getuid()):
+            continue
         if child.name.startswith(stem) and len(child.name) == len(stem) + 32:
             with contextlib.suppress(OSError):
                 mine.append((child.stat(follow_symlinks=False).st_mtime_ns, child.name))
