@@ -162,13 +162,20 @@ def _hook(event, args):
                 }
                 if os.environ.get("RANK") is not None:  # a torchrun rank: each numbers its own events
                     record["rank"] = int(os.environ["RANK"])
-                fd = os.open(_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                os.write(fd, (json.dumps(record) + "\n").encode())
-                os.close(fd)
+                _append(_LOG, record)
             if (_count if _AFTER is None else _since if _step == _AFTER else None) == _AT:
                 _die()
     finally:
         _local.busy = False
+
+
+def _append(log, record):
+    """One JSON line at the end of ``log`` (one write: lines of several processes never interleave)."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _log_outside(event, args):
@@ -194,9 +201,7 @@ def _log_outside(event, args):
     try:
         with _lock:
             _outside_seen.add(path)
-            fd = os.open(_OUTSIDE_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.write(fd, (json.dumps({"event": kind, "path": path, "pid": os.getpid(), "step": _step}) + "\n").encode())
-            os.close(fd)
+            _append(_OUTSIDE_LOG, {"event": kind, "path": path, "pid": os.getpid(), "step": _step})
     except OSError:
         pass
     finally:
@@ -222,9 +227,7 @@ def _log_read(args):
     try:
         with _lock:
             _reads_seen.add(path)
-            fd = os.open(_READS_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            os.write(fd, (json.dumps({"path": path}) + "\n").encode())
-            os.close(fd)
+            _append(_READS_LOG, {"path": path})
     except OSError:
         pass
     finally:
