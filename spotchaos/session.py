@@ -97,7 +97,8 @@ class SessionCore:
     def __init__(self, root: Path | str, *, workdir: Path | None = None, keep_passing: bool = False, **share: int):
         self.root = Path(root)
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spotchaos-"))
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.workdir.exists():  # the job's checkpoints are kept below it: no other local user reads them
+            self.workdir.mkdir(parents=True, mode=0o700)
         self.keep_passing = keep_passing
         self.cache: dict[tuple[str, str], Any] = {}  # (what, job key) -> a run a family measures on, once
         self._references: dict[str, RunRecord] = {}

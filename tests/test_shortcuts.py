@@ -131,3 +131,13 @@ def test_the_audit_runs_passes_through_a_shortcut_again_on_the_slow_path(tmp_pat
     with ChaosRunner(ROOT, workdir=tmp_path / "unaudited") as runner:
         _, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), prefix=True)
         assert verdict.passed, "without the audit the warm pass stands (what the audit is for)"
+
+
+@pytest.mark.unit
+def test_a_sessions_runs_folder_is_its_own_users_alone(tmp_path):
+    """The kept checkpoints of failing runs (and the copies plans start from) live below it: a
+    folder the session makes is 0700, so no other local user reads a job's checkpoints there."""
+    with ChaosRunner(ROOT, workdir=tmp_path / "report" / "runs" / "stamp") as runner:
+        assert runner.workdir.stat().st_mode & 0o777 == 0o700
+        (runner.workdir / "kept").mkdir()  # so the folder outlives the session, as a failure's does
+    assert (tmp_path / "report" / "runs" / "stamp").stat().st_mode & 0o777 == 0o700
