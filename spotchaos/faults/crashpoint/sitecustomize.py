@@ -17,8 +17,9 @@ that step, which the probe announces with the audit event ``spotchaos.step``: th
 a save whether the attempt trained from step 0 or resumed from a copy of an earlier checkpoint;
 each logged event carries the last step announced and its number since),
 SPOTCHAOS_OUTSIDE_LOG (writes outside the checkpoint directory: each path the job writes,
-renames, makes or removes anywhere but there and its attempt's own folder, once: what a copy of
-the checkpoint directory alone would not hold), SPOTCHAOS_READS_LOG (each file the job reads
+renames, makes or removes below SPOTCHAOS_OUTSIDE_WITHIN's folders (its run folder, its working
+folder) but not there nor in its attempt's own folder, once: what a copy of the checkpoint
+directory alone would not hold), SPOTCHAOS_READS_LOG (each file the job reads
 outside the checkpoint directory, its Python and installed packages, and spotchaos, once: what
 a reference kept across sessions depends on beyond what its table names),
 SPOTCHAOS_CRASH_RANK (a torchrun job: only that rank, in the first run of its worker group, is
@@ -68,6 +69,9 @@ _OUTSIDE_SKIP = tuple(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(_HOME, ".cache"),
         os.environ.get("XDG_CONFIG_HOME") or os.path.join(_HOME, ".config"),
     ]
+)
+_OUTSIDE_WITHIN = tuple(
+    os.path.abspath(p) + os.sep for p in os.environ.get("SPOTCHAOS_OUTSIDE_WITHIN", "").split(os.pathsep) if p
 )
 _DIR_FD_ARG = {"os.remove": 1, "os.rmdir": 1, "os.mkdir": 2, "os.rename": 2, "os.replace": 2}
 _READS_LOG = os.environ.get("SPOTCHAOS_READS_LOG")
@@ -194,6 +198,8 @@ def _log_outside(event, args):
     except (TypeError, ValueError, OSError):
         return
     if kind == "open-read" or path in _outside_seen or path.startswith(_OUTSIDE_SKIP) or _PYCACHE in path:
+        return
+    if not path.startswith(_OUTSIDE_WITHIN):  # shared by every run alike: a copy's resume sees it too
         return
     if _under_root(path):  # a name relative to a folder's descriptor inside the checkpoint directory
         return

@@ -198,6 +198,9 @@ class AttemptRun:
         }
         if self.options.trace_fs:  # and what it writes elsewhere: a copy of its checkpoints would not hold it
             env["SPOTCHAOS_OUTSIDE_LOG"] = str(self.folder / FS_OUTSIDE)
+            # where a write is the run's own or the job's (its run folder, its working folder), not a
+            # library's cache every run shares (torch's compiled kernels in the system's temporary folder)
+            env["SPOTCHAOS_OUTSIDE_WITHIN"] = os.pathsep.join(map(str, (self.workdir, self.cwd)))
             env["SPOTCHAOS_READS_LOG"] = str(self.folder / FS_READS)  # and what it read: the cache's proof
         if self.preemption is not None and self.preemption.after_step is not None:
             env["SPOTCHAOS_CRASH_AFTER_STEP"] = str(self.preemption.after_step)
