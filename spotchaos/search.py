@@ -19,7 +19,7 @@ from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from .config.jobs import JobSpec
 from .errors import ScenarioFailure, SpotchaosError
-from .families.preemption import DamageNotApplied, check
+from .families.preemption import ChaosFailure, DamageNotApplied, check, settle
 from .faults.plan import Plan
 from .record import note_figures, note_plans
 from .session import SessionCore
@@ -83,14 +83,17 @@ def explore(
     if settings.parallel > 1:
         search.ahead = _run_ahead(core, job, leading, searching, settings, _Cells.of(core, job, settings.max_examples))
     try:
-        for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
-            search.lead(plan)
-        searching(search.draw)()
-    except FlakyFailure as group:
-        failure = search.flaky(group)
-        if failure is None:
-            raise
-        raise failure from (group if settings.verbose else None)
+        try:
+            for plan in leading:  # already the plans that tell: a failure is reported as it is, not shrunk
+                search.lead(plan)
+            searching(search.draw)()
+        except FlakyFailure as group:
+            failure = search.flaky(group)
+            if failure is None:
+                raise
+            raise failure from (group if settings.verbose else None)
+    except ChaosFailure as failure:  # the plan it reports, judged through a shortcut: now on the slow path
+        raise settle(core, job, failure) from failure.__cause__
     except Unsatisfiable:
         raise DamageNotApplied(
             f"job {job.name!r}: no plan could damage a checkpoint (does it report durable checkpoints "
@@ -265,7 +268,7 @@ class _Search:
             # the session's first searched plan of the job starts from step 0 (Prefixes.claim_fresh_start):
             # it keeps the fresh start tested against the reference; every other plan may start from its checkpoints
             fresh = ran is None and self.core.prefixes.claim_fresh_start(self.job, plan)
-            check(self.core, self.job, plan, ran, prefix=not fresh, reuse=True)
+            check(self.core, self.job, plan, ran, prefix=not fresh, reuse=True, defer=True)
             self.verdicts[key] = "passed"
         except DamageNotApplied:
             self.verdicts[key] = "reject"
@@ -331,7 +334,7 @@ def _run_ahead(
             return
         begun = time.monotonic()
         try:
-            done[str(plan)] = core.run(job, plan, prefix=not fresh.get(str(plan)), reuse=True)
+            done[str(plan)] = core.run(job, plan, prefix=not fresh.get(str(plan)), reuse=True, defer=True)
         except BaseException as exc:  # raised again where the search reaches the plan
             done[str(plan)] = exc
             if not isinstance(exc, ScenarioFailure):

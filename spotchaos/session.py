@@ -305,11 +305,19 @@ class SessionCore:
         note_cost(record, len(reference.steps) if reference is not None else len(record.steps) if learn else None)
         return record
 
-    def run(self, job: JobSpec, plan: Plan, *, prefix: bool = False, reuse: bool = False) -> tuple[RunRecord, Verdict]:
+    def run(
+        self, job: JobSpec, plan: Plan, *, prefix: bool = False, reuse: bool = False, defer: bool = False
+    ) -> tuple[RunRecord, Verdict]:
         """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's
         checkpoint before its first fault where it can; ``reuse``: a plan passed is not run again.
-        A failure seen through a shortcut is judged again on the slow path (``training/shortcuts.py``)."""
-        return _run_judged(self, job, plan, prefix=prefix, reuse=reuse)
+        A failure seen through a shortcut is judged again on the slow path (``training/shortcuts.py``);
+        ``defer``: not yet, but when the caller ``settle``s it (a search, for the plan it reports)."""
+        return _run_judged(self, job, plan, prefix=prefix, reuse=reuse, defer=defer)
+
+    def settle(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict] | None:
+        """The slow path's verdict of a failure ``run`` deferred (None: none was)."""
+        deferred = self.shortcuts.take_deferred(job, plan)
+        return None if deferred is None else _slow_judged(self, job, plan, *deferred)
 
     def judged(self, job: JobSpec, plan: Plan, start: Prefix | None) -> Judged:
         """One run of ``plan`` from ``start`` (None: step 0), judged against the job's reference."""
@@ -381,7 +389,9 @@ class SessionCore:
             self.workdir.rmdir()
 
 
-def _run_judged(core: SessionCore, job: JobSpec, plan: Plan, *, prefix: bool, reuse: bool) -> tuple[RunRecord, Verdict]:
+def _run_judged(
+    core: SessionCore, job: JobSpec, plan: Plan, *, prefix: bool, reuse: bool, defer: bool
+) -> tuple[RunRecord, Verdict]:
     """A plan's verdict under the shortcuts' rule: a failure through a shortcut is judged again on the
     slow path, whose failure is the verdict; a slow pass is a disagreement, and fails too."""
     shortcuts = core.shortcuts
@@ -398,20 +408,12 @@ def _run_judged(core: SessionCore, job: JobSpec, plan: Plan, *, prefix: bool, re
         start = core.prefixes.start(job, plan, core.reference(job)) if prefix else None
         fast = core.judged(runs_as, plan, start)
     if not fast.verdict.passed:
-        result = fast
-        if fast.used:
-            slow_path = core.judged(slow(job), plan, None)
-            why = start.changed() if start is not None else None
-            if slow_path.verdict.passed and why is not None:
-                result = shortcuts.explained(job, plan, fast, slow_path, why)
-            elif slow_path.verdict.passed:
-                result = shortcuts.disagreed(job, plan, fast, slow_path, audit=False)
-            else:
-                core.discard(fast.record)
-                shortcuts.confirmed(job, plan)
-                result = slow_path
-        core.prefixes.failed(job, core.reference(job), plan, start, result.verdict, fast.verdict)
-        return result.record, result.verdict
+        if fast.used and not defer:
+            return _slow_judged(core, job, plan, fast, start)
+        if fast.used:  # a search's failure steers its shrinking; the plan it reports is settled
+            shortcuts.defer(job, plan, fast, start)
+        core.prefixes.failed(job, core.reference(job), plan, start, fast.verdict, fast.verdict)
+        return fast.record, fast.verdict
     if fast.used and shortcuts.take_audit(job):  # --spotchaos-audit: a pass through a shortcut, proven slow
         slow_path = core.judged(slow(job), plan, None)
         if not slow_path.verdict.passed:
@@ -421,6 +423,25 @@ def _run_judged(core: SessionCore, job: JobSpec, plan: Plan, *, prefix: bool, re
     if reuse:
         shortcuts.passed(job, plan, fast, start)
     return fast.record, fast.verdict
+
+
+def _slow_judged(
+    core: SessionCore, job: JobSpec, plan: Plan, fast: Judged, start: Prefix | None
+) -> tuple[RunRecord, Verdict]:
+    """A failure through a shortcut judged again on the slow path: the slow failure is the verdict;
+    a slow pass is a disagreement (a failure too), unless the harness proves its copy changed."""
+    slow_path = core.judged(slow(job), plan, None)
+    why = start.changed() if start is not None else None
+    if slow_path.verdict.passed and why is not None:
+        result = core.shortcuts.explained(job, plan, fast, slow_path, why)
+    elif slow_path.verdict.passed:
+        result = core.shortcuts.disagreed(job, plan, fast, slow_path, audit=False)
+    else:
+        core.discard(fast.record)
+        core.shortcuts.confirmed(job, plan)
+        result = slow_path
+    core.prefixes.failed(job, core.reference(job), plan, start, result.verdict, fast.verdict)
+    return result.record, result.verdict
 
 
 def _cached_or_trained(core: SessionCore, job: JobSpec, *, fresh: bool = False) -> RunRecord:

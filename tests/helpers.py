@@ -16,8 +16,13 @@ REFERENCE_TRAINER = FIXTURES / "reference_trainer.py"
 
 
 def trainer_job(script: str = "reference_trainer", *args: str, name: str | None = None, **kwargs) -> JobSpec:
-    """A job running one of the trainers in fixtures/ with a short schedule."""
+    """A job running one of the trainers in fixtures/ with a short schedule. A broken trainer starts
+    cold unless told otherwise: a failure through a warm start is judged again cold (the shortcuts'
+    rule, tests/test_shortcuts.py), so a test of what a defect's message says runs the slow path
+    its user sees, once, instead of a warm run and then that one."""
     command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "16", "--checkpoint-every", "4", *args)
+    if script.startswith("broken_"):
+        kwargs.setdefault("warm", False)
     return JobSpec(name=name or script, command=command, **kwargs)
 
 

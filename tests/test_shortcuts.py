@@ -18,7 +18,8 @@ from spotchaos.config.jobs import JobSpec
 from spotchaos.config.logspec import LogSpec
 from spotchaos.config.prices import CostInputs
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosRunner
+from spotchaos.runner import ChaosFailure, ChaosRunner
+from spotchaos.search import ExploreSettings, explore
 from spotchaos.training.shortcuts import verdict_key
 
 from .helpers import FIXTURES, ROOT
@@ -141,3 +142,27 @@ def test_a_sessions_runs_folder_is_its_own_users_alone(tmp_path):
         assert runner.workdir.stat().st_mode & 0o777 == 0o700
         (runner.workdir / "kept").mkdir()  # so the folder outlives the session, as a failure's does
     assert (tmp_path / "report" / "runs" / "stamp").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_search_shrinks_through_its_shortcuts_and_settles_the_plan_it_reports_on_the_slow_path(tmp_path):
+    """A search's failures steer its shrinking as they were judged (warm, from copies: as cheap as
+    before); the one plan it reports is judged again on the slow path before it leaves. A job broken
+    only warm is reported as the shortcut's disagreement; a job broken for real, by the slow path's
+    own failure, and its other plans then run there."""
+
+    def job(script: str, name: str) -> JobSpec:
+        command = ("python", str(FIXTURES / script), "--steps", "12", "--checkpoint-every", "4", "--step-seconds", "0")
+        return JobSpec(name=name, command=command, grace_seconds=10, state_diff=False)
+
+    settings = ExploreSettings(max_examples=3, seed=1)
+    warm_only, broken = job("broken_warm_only.py", "warm-only"), job("broken_no_optimizer_restore.py", "no-opt")
+    with ChaosRunner(ROOT, workdir=tmp_path / "runs") as runner:
+        with pytest.raises(ChaosFailure) as caught:
+            explore(runner, warm_only, settings=settings)
+        first = caught.value.verdict.failures[0]
+        assert "warm start changed the verdict" in first and "The cause is unknown" in first, first
+        with pytest.raises(ChaosFailure) as caught:
+            explore(runner, broken, settings=settings)
+        assert not caught.value.verdict.failures[0].startswith("the "), caught.value.verdict.failures  # no disagreement
+        assert "failed on the slow path too" in runner.shortcuts.off(broken)
+        assert runner.shortcuts.take_deferred(broken, caught.value.plan) is None, "the reported plan was settled"

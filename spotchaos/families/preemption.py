@@ -34,16 +34,19 @@ def check(
     *,
     prefix: bool = False,
     reuse: bool = False,
+    defer: bool = False,
 ) -> Verdict:
     """Run one plan (a :class:`Plan` or ``"sigterm@5,sigkill@12"``); raise :class:`ChaosFailure`
     unless every verdict holds. ``ran``: the plan's run and verdict, already made (a plan run
     ahead of the search, in parallel), judged and recorded as if run now. ``prefix``: it may start
     from the reference's checkpoint before its first fault (the search's plans after its first);
-    ``reuse``: a plan another search of the session passed on this job is not run again."""
+    ``reuse``: a plan another search of the session passed on this job is not run again;
+    ``defer``: a failure through a shortcut is judged on the slow path only when ``settle``d (a
+    search settles the one it reports)."""
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
     if not plan.preemptions:
         raise ConfigError(f"job {job.name!r}: an empty plan preempts nothing; give at least one FAULT@STEP")
-    run, verdict = ran if ran is not None else core.run(job, plan, prefix=prefix, reuse=reuse)
+    run, verdict = ran if ran is not None else core.run(job, plan, prefix=prefix, reuse=reuse, defer=defer)
     skipped = [a.damage for a in run.attempts if a.damage is not None and not a.damage.applied]
     if skipped:
         raise DamageNotApplied(
@@ -53,3 +56,17 @@ def check(
     if not verdict.passed:
         raise ChaosFailure(job.name, plan, verdict, run.workdir)
     return verdict
+
+
+def settle(core: SessionCore, job: JobSpec, failure: ChaosFailure) -> ChaosFailure:
+    """The failure a search reports, as the slow path judges it: the same failure where its run took
+    no shortcut (or was settled already), else the slow path's verdict, noted for the report."""
+    settled = core.settle(job, failure.plan)
+    if settled is None:
+        return failure
+    run, verdict = settled
+    note_run(failure.plan, run, verdict, core.reference(job))
+    again = ChaosFailure(job.name, failure.plan, verdict, run.workdir)
+    for note in getattr(failure, "__notes__", []):  # hypothesis's: the falsifying example, how to replay it
+        again.add_note(note)
+    return again

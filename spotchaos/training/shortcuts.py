@@ -65,6 +65,7 @@ class Shortcuts:
     _disagreed: dict[tuple[str, str], tuple[RunRecord, Verdict]] = field(default_factory=dict)
     _off: dict[str, str] = field(default_factory=dict)  # held_key -> why the job takes no shortcut
     _audited: dict[str, int] = field(default_factory=dict)
+    _deferred: dict[tuple[str, str], tuple[Judged, Prefix | None]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def off(self, job: JobSpec) -> str | None:
@@ -102,6 +103,16 @@ class Shortcuts:
                 return False
             self._audited[held_key(job)] = done + 1
             return True
+
+    def defer(self, job: JobSpec, plan: Plan, fast: Judged, start: Prefix | None) -> None:
+        """A search's failure through a shortcut: it steers the shrinking as it is; the plan the
+        search reports is judged again on the slow path when it is settled (``take_deferred``)."""
+        with self._lock:
+            self._deferred[(verdict_key(job), str(plan))] = (fast, start)
+
+    def take_deferred(self, job: JobSpec, plan: Plan) -> tuple[Judged, Prefix | None] | None:
+        with self._lock:
+            return self._deferred.pop((verdict_key(job), str(plan)), None)
 
     def confirmed(self, job: JobSpec, plan: Plan) -> None:
         """A failure through a shortcut that the slow path confirmed: the job's other plans (a
