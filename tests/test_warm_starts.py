@@ -295,6 +295,14 @@ def test_a_job_whose_resume_depends_on_string_hashing_fails_warm_as_it_fails_col
             assert "step 7" in judged.verdict.message(), judged.verdict.message()
 
 
+def _last_variables(pid: int) -> list[bytes] | str:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return environ.read().split(b"\0")[-3:]
+    except OSError as exc:
+        return f"gone ({exc.strerror})"
+
+
 def test_a_killed_pytest_leaves_its_warm_interpreter_and_attempt_to_the_next_session(folder):
     live = folder / "live"
     driver = textwrap.dedent(
@@ -324,7 +332,10 @@ def test_a_killed_pytest_leaves_its_warm_interpreter_and_attempt_to_the_next_ses
         deadline = time.monotonic() + 10
         while any(is_running(pid, s) for pid, s in started.items()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(is_running(pid, s) for pid, s in started.items()), ended
+        # which one outlived the reaper, and the marker it carried then (seen under load once in ~8 runs,
+        # on this stop's code and the last's alike)
+        survivors = {pid: _last_variables(pid) for pid, s in started.items() if is_running(pid, s)}
+        assert not survivors, (ended, {"attempt": attempt, "zygote": zygote}, survivors)
     finally:
         pytest_like.kill()
         pytest_like.wait(30)
