@@ -93,6 +93,8 @@ def plain_job(script: str = "plain_train", steps: int = 20, log: dict | None = N
     from spotchaos.config.jobs import job_from_mapping
 
     command = ["python", str(FIXTURES / f"{script}.py"), "--out", "{checkpoint_dir}", "--steps", str(steps)]
+    if script.startswith("broken_"):  # as trainer_job: the slow path its user sees, run once
+        table.setdefault("warm", False)
     return job_from_mapping(
         script, {"command": command, "resume_args": ["--resume"], "log": log or PLAIN_LOG, **table}, "pyproject.toml"
     )
