@@ -135,7 +135,7 @@ class Shortcuts:
     def disagreed(self, job: JobSpec, plan: Plan, fast: Judged, slow: Judged, *, audit: bool) -> Judged:
         """The failing verdict of a plan whose fast and slow paths disagree; the job takes no
         shortcut for the rest of the session."""
-        failing, passing = (slow, fast) if audit else (fast, slow)
+        failing = slow if audit else fast  # the passing run's folder went with its pass
         shortcuts = " and ".join(fast.used)
         seen = _first_line(failing.verdict)
         if audit:
@@ -156,7 +156,6 @@ class Shortcuts:
         log.warning("spotchaos: job %r takes no shortcut for the rest of the session: %s", job.name, why)
         verdict = replace(failing.verdict, passed=False, failures=[text, *failing.verdict.failures])
         record = replace(failing.record, shortcuts={"used": list(fast.used), "disagreed": text})
-        del passing  # its folder went with its pass; the failing run's folder is the evidence
         with self._lock:
             self._disagreed[(verdict_key(job), str(plan))] = (record, verdict)
         return Judged(record, verdict, fast.used)
