@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from spotchaos.config.jobs import JobSpec  # noqa: E402
 from spotchaos.faults.plan import Plan, Preemption  # noqa: E402
-from spotchaos.runner import ChaosRunner  # noqa: E402
+from spotchaos.session import Session  # noqa: E402
 from spotchaos.training.engine import attempt as engine  # noqa: E402  (the module that arms the hold)
 from tests.test_script_conventions import sidecar_job  # noqa: E402
 
@@ -67,7 +67,7 @@ def hog(stop) -> None:
         sum(i * i for i in range(10_000))
 
 
-def measure(runner: ChaosRunner, job: JobSpec, planned: list[Plan]) -> dict:
+def measure(runner: Session, job: JobSpec, planned: list[Plan]) -> dict:
     exact = late = failed = 0
     worst = 0
     held_seconds = wall_seconds = 0.0
@@ -125,7 +125,7 @@ def main() -> None:
     rows = []
     try:
         with tempfile.TemporaryDirectory() as work:
-            runner = ChaosRunner(ROOT, workdir=Path(work))
+            runner = Session(ROOT, workdir=Path(work))
             for job in (probe_job(), log_job()):
                 started = time.monotonic()
                 row = measure(runner, job, plans(args.plans, args.seed))

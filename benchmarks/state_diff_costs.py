@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from trust_costs import timed  # the same median-of-repeats timer
 
-from spotchaos.training.state.diff import _compare_folders, keep
+from spotchaos.training.state.diff import DiffRules, _compare_folders
+from spotchaos.training.state.kept import keep
 
 
 def state(megabytes: float) -> dict:
@@ -50,7 +51,7 @@ def measure(megabytes: float, repeats: int) -> None:
         kept = sorted(into.iterdir())
         other = Path(tmp) / "other"
         shutil.copytree(kept[0], other)
-        compare = timed(lambda: _compare_folders(kept[0], other, None, (), True, ("", "")), repeats)
+        compare = timed(lambda: _compare_folders(kept[0], other, None, DiffRules()), repeats)
         size = path.stat().st_size / (1 << 20)
         print(
             f"{size:8.1f} MiB: torch.save {save * 1e3:8.1f} ms, "

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from spotchaos.backends import SubprocessBackend
-from spotchaos.host.processes import end_marked
+from spotchaos.host.processes import sweep as sweep_marked
 from spotchaos.safety.redact import SecretMatcher
 from spotchaos.training.state.checkpoint_reader import ConfinedLoader, read_checkpoint
 from spotchaos.training.state.confined.load_checkpoint import summarize
@@ -50,7 +50,7 @@ def main() -> None:
     r = args.repeats
 
     python_start = timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), r)
-    sweep = timed(lambda: end_marked("SPOTCHAOS_RUN_ID=benchmark-none"), r)
+    sweep = timed(lambda: sweep_marked("SPOTCHAOS_RUN_ID=benchmark-none"), r)
     print(f"marker sweep per attempt: {sweep * 1e3:.2f} ms = {sweep / python_start:.3f} x a bare Python start")
 
     with tempfile.TemporaryDirectory() as folder:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from spotchaos.faults.plan import Plan  # noqa: E402
-from spotchaos.runner import ChaosFailure, ChaosRunner, ExploreSettings  # noqa: E402
+from spotchaos.session import ChaosFailure, ExploreSettings, Session  # noqa: E402
 from spotchaos.strategies import damage_plans, preemption_plans  # noqa: E402
 from tests.helpers import trainer_job  # noqa: E402
 from tests.test_broken_trainers import CASES  # noqa: E402
@@ -28,7 +28,7 @@ from tests.test_checkpoint_faults import UNSAFE_WRITERS  # noqa: E402
 from tests.test_log_adapter import plain_job  # noqa: E402
 
 
-def caught(runner: ChaosRunner, job, plan: str, pattern: str) -> tuple[bool, bool]:
+def caught(runner: Session, job, plan: str, pattern: str) -> tuple[bool, bool]:
     try:
         runner.check(job, Plan.parse(plan))
     except ChaosFailure as failure:
@@ -36,7 +36,7 @@ def caught(runner: ChaosRunner, job, plan: str, pattern: str) -> tuple[bool, boo
     return False, False
 
 
-def crash_caught(runner: ChaosRunner, script: str, pattern: str) -> tuple[bool, bool]:
+def crash_caught(runner: Session, script: str, pattern: str) -> tuple[bool, bool]:
     job = trainer_job(script)
     for boundary in runner.save_boundaries(job):
         found = caught(runner, job, f"crash@{boundary['index']}", pattern)
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--examples", type=int, default=3)
     args = parser.parse_args()
-    runner = ChaosRunner(ROOT, workdir=Path(tempfile.mkdtemp(prefix="spotchaos-zoo-")))
+    runner = Session(ROOT, workdir=Path(tempfile.mkdtemp(prefix="spotchaos-zoo-")))
     started = time.monotonic()
     results = []
     try:

@@ -32,8 +32,8 @@ if not any(type(finder).__name__ == "_MovedPaths" for finder in sys.meta_path):
     sys.meta_path.append(_MovedPaths())
 
 _LAZY = {
-    "Session": "spotchaos.runner",
-    "ChaosFailure": "spotchaos.runner",
+    "Session": "spotchaos.session",
+    "ChaosFailure": "spotchaos.session",
     "JobSpec": "spotchaos.config.jobs",
     "Plan": "spotchaos.faults.plan",
     "Preemption": "spotchaos.faults.plan",

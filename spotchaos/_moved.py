@@ -61,6 +61,7 @@ MOVED: dict[str, str] = {
     "spotchaos.needs": "spotchaos.families.needs",
     "spotchaos.serving.spec": "spotchaos.config.services",
     "spotchaos.testimage": "spotchaos.backends.testimage",
+    "spotchaos.runner": "spotchaos.session",  # 0.2: Session is the session; its core is spotchaos.core
 }
 
 

@@ -28,6 +28,12 @@ class BackendError(SpotchaosError):
     """The machinery that runs jobs (process spawning, a Docker daemon) failed."""
 
 
+class ScenarioUnfit(SpotchaosError):
+    """The scenario cannot act on this job as declared (a damage scenario on a job that checkpoints
+    once an epoch): a skip that says why and what to change, never a crash of the harness and never
+    a pass."""
+
+
 class ReportError(SpotchaosError):
     """A saved report cannot be read: missing, truncated, not ours, or from a newer schema."""
 

@@ -22,7 +22,8 @@ import os
 import select
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -48,6 +49,7 @@ ENV_HOLD_AT = "SPOTCHAOS_HOLD_AT"
 ENV_HOLD_DIR = "SPOTCHAOS_HOLD_DIR"
 ENV_HOLD_RANK = "SPOTCHAOS_HOLD_RANK"
 ENV_HOLD_SECONDS = "SPOTCHAOS_HOLD_SECONDS"
+ENV_HOLD_PHASE = "SPOTCHAOS_HOLD_PHASE"  # hold at the first such phase after the step, not at the step
 HOLD_RELEASE = "release"  # the harness writes a byte here once the fault is delivered
 HOLD_HELD = "held"  # the job writes "STEP PID" here as it starts to wait
 # the reference run's checkpoint hold: the folder of its two FIFOs; after each checkpoint the job
@@ -180,10 +182,11 @@ class StepHold:
     once, and the wait never outlasts ``seconds``: a hold can delay the job, never stop it.
     """
 
-    def __init__(self, at: int, folder: str, seconds: float) -> None:
+    def __init__(self, at: int, folder: str, seconds: float, phase: str | None = None) -> None:
         self.at: int | None = at
         self.folder = folder
         self.seconds = seconds
+        self.phase = phase  # a fault planned inside a phase (``sigterm@7/eval``) holds there instead
 
     @classmethod
     def from_env(cls, rank: int = 0, restart: int | None = None) -> StepHold | None:
@@ -195,13 +198,24 @@ class StepHold:
         if rank != int(os.environ.get(ENV_HOLD_RANK) or 0):
             return None
         try:
-            return cls(int(at), folder, float(os.environ.get(ENV_HOLD_SECONDS) or 30.0))
+            seconds = float(os.environ.get(ENV_HOLD_SECONDS) or 30.0)
+            return cls(int(at), folder, seconds, os.environ.get(ENV_HOLD_PHASE) or None)
         except ValueError:
             return None
 
     def wait(self, step: int) -> None:
         """Hold after ``step`` if it is the planned one, or the first step after it (a restart that
         resumed past the planned step is preempted at its first); once per process."""
+        if self.phase is None:
+            self._hold_once(step)
+
+    def wait_in_phase(self, name: str, step: int | None) -> None:
+        """Hold at the start of phase ``name`` if it is the planned one and the job has reported
+        the planned step (or a later one) before entering it; once per process."""
+        if name == self.phase and step is not None:
+            self._hold_once(step)
+
+    def _hold_once(self, step: int) -> None:
         if self.at is None or step < self.at:
             return
         self.at = None
@@ -270,6 +284,7 @@ class Probe:
         self.rank = rank
         self.restart = restart  # torchrun's restart count of the worker group; None outside torchrun
         self._fd: int | None = None
+        self._last_step: int | None = None  # the last step reported: where a phase begins
         self._hold: StepHold | None = None
         self._checkpoint_hold: CheckpointHold | None = None
         if path:
@@ -329,8 +344,28 @@ class Probe:
         if fingerprints:
             fields["fp"] = {str(k): _fingerprint_value(v) for k, v in fingerprints.items()}
         self.emit("step", **fields)
+        self._last_step = int(step)
         if self._hold is not None:
             self._hold.wait(int(step))
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """The job is inside phase ``name`` (``"eval"``, ``"save"``, ``"data"``, ``"warmup"``): a
+        plan can land its fault there (``sigterm@7/eval``: inside the first eval phase after step
+        7), held at the phase's start as a step's fault is held after the step. Real notices come
+        during evaluation or a save, not only between steps; the phase's begin and end events tell
+        the report where the fault landed.
+
+            with probe.phase("eval"):
+                evaluate(model)
+        """
+        self.emit("phase", name=str(name), state="begin", step=self._last_step)
+        if self._hold is not None:
+            self._hold.wait_in_phase(str(name), self._last_step)
+        try:
+            yield
+        finally:
+            self.emit("phase", name=str(name), state="end", step=self._last_step)
 
     def checkpoint(
         self,

@@ -44,6 +44,8 @@ class ScenarioRecord:
     # what the scenario cost: every run made while it ran (its job's reference included, when this
     # scenario was the first to need it), in runs, starts, steps trained and seconds (note_cost)
     cost: dict[str, Any] = field(default_factory=dict)
+    # what passed here but would fail where the job runs (exit 0 after a notice on a Kubernetes Job)
+    warnings: list[str] = field(default_factory=list)
 
     def __enter__(self) -> ScenarioRecord:
         """What the families note in this context goes to this record (entries nest)."""
@@ -88,6 +90,8 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
         "prefix_step": run.prefix_step,
         "reused": run.reused,  # run by another scenario of this session on the same job: its verdict, not run again
     }
+    if run.missed_tries:  # earlier runs of the plan whose crash point never fired: run again (Core.judged)
+        summary["missed_tries"] = run.missed_tries
     if run.shortcuts:  # its shortcuts and the slow path disagreed (training/shortcuts.py)
         summary["shortcuts"] = run.shortcuts
     if any(a.gpus for a in run.attempts):  # where each attempt ran: the devices it leased, and when
@@ -113,6 +117,7 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
             "prefix_step": run.prefix_step,  # attempt 0 is the reference's steps through it, copied
             **run.series(),
         }
+    record.warnings += [w for w in verdict.warnings if w not in record.warnings]
     if not verdict.passed:
         record.passed = False
         record.failing_plan = str(plan)  # hypothesis runs the minimal plan last

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from .config.jobs import JobSpec
+from .core import Core
 from .errors import ScenarioFailure, SpotchaosError
 from .families.preemption import ChaosFailure, DamageNotApplied, check, settle
 from .faults.plan import Plan
 from .record import note_figures, note_plans
-from .session import SessionCore
 from .strategies import FirstPlans, plan_cell, preemption_plans, resumes_from_a_checkpoint
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
@@ -48,7 +48,7 @@ def plans_at_once(job: JobSpec, *, ray_nodes: int = 0, local_cluster: bool = Fal
     could run the next; on the user's cluster one, as Ray, not the harness, places its workers."""
     if job.backend == "ray":
         return max(1, ray_nodes // max(1, job.nnodes))
-    if job.launcher == "ray-train":
+    if job.kind.cluster_ranks:
         return max(1, ray_nodes // max(1, job.nproc_per_node)) if local_cluster else 1
     request = job.gpu_request
     if not isinstance(request, int) or isinstance(request, bool):
@@ -57,7 +57,7 @@ def plans_at_once(job: JobSpec, *, ray_nodes: int = 0, local_cluster: bool = Fal
 
 
 def explore(
-    core: SessionCore,
+    core: Core,
     job: JobSpec,
     plans: PlanSource | None = None,
     *,
@@ -174,7 +174,7 @@ class _Cells:
         return RUN
 
     @classmethod
-    def of(cls, core: SessionCore, job: JobSpec, examples: int) -> _Cells:
+    def of(cls, core: Core, job: JobSpec, examples: int) -> _Cells:
         """The cells of a search on ``job``, from its uninterrupted run."""
         reference = core.reference(job)
         checkpoints = reference.saved_steps
@@ -199,9 +199,7 @@ class _Search:
     draw is neither run nor counted again. A failing plan is run again when hypothesis replays it:
     a verdict that does not fail twice was decided by timing, which the report must say."""
 
-    def __init__(
-        self, core: SessionCore, job: JobSpec, settings: ExploreSettings, strategy: st.SearchStrategy[Plan]
-    ) -> None:
+    def __init__(self, core: Core, job: JobSpec, settings: ExploreSettings, strategy: st.SearchStrategy[Plan]) -> None:
         self.core, self.job, self.settings, self.strategy = core, job, settings, strategy
         self.verdicts: dict[str, str] = {}
         self.aborted: list[SpotchaosError] = []
@@ -295,7 +293,7 @@ class _Search:
 
 
 def _run_ahead(
-    core: SessionCore,
+    core: Core,
     job: JobSpec,
     leading: list[Plan],
     searching: Callable[[Callable[[Plan], None]], Callable[[], None]],
@@ -373,7 +371,7 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
 def as_delivered(plan: Plan, job: JobSpec) -> Plan:
     """``plan`` as ``job`` receives it: on a Ray Train job a notice to the whole group and one to the
     main process both drain its workers' nodes (``RayTrainHandle.notify``), one plan."""
-    return plan.group_notices_as_notices() if job.launcher == "ray-train" else plan
+    return plan.group_notices_as_notices() if job.kind.cluster_ranks else plan
 
 
 def _first_plans(first: FirstPlans | None, reference: RunRecord, job: JobSpec) -> list[Plan]:

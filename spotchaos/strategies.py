@@ -76,7 +76,7 @@ def resumes_from_a_checkpoint(plan: Plan, first_checkpoint: int | None) -> bool:
         return True
     for p in plan.preemptions:
         kind = PREEMPTIONS[p.fault]
-        if kind.graceful or p.fs_event is not None or p.fault == "rerun" or p.at_step > first_checkpoint:
+        if kind.graceful or p.fs_event is not None or kind.reruns or p.at_step > first_checkpoint:
             return True
     return False
 

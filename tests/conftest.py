@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 
 from .helpers import ROOT
 
@@ -39,9 +39,9 @@ def _inner_sessions_are_not_xdist_workers(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def runner(tmp_path_factory) -> ChaosRunner:
-    """One runner for the session, so each job's reference run is computed once."""
-    return ChaosRunner(ROOT, workdir=tmp_path_factory.mktemp("runs"))
+def runner(tmp_path_factory) -> Session:
+    """One Session for the pytest session, so each job's reference run is computed once."""
+    return Session(ROOT, workdir=tmp_path_factory.mktemp("runs"))
 
 
 @pytest.fixture

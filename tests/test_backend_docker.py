@@ -26,7 +26,7 @@ from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import BackendError, JobError
 from spotchaos.faults.checkpoint import UnsafeCheckpoint
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 
 from .helpers import ROOT, hostile_pickle_job, run_pytest, sigint_as_from_a_terminal
 
@@ -86,7 +86,7 @@ def test_builtin_scenarios_pass_in_containers_with_dataloader_workers(docker_ses
 
 
 def test_shell_entrypoint_that_swallows_sigterm_is_caught(docker_session, tmp_path):
-    runner = ChaosRunner(ROOT, workdir=tmp_path)
+    runner = Session(ROOT, workdir=tmp_path)
     job = container_job("shell-pid1", "--steps", "16", "--step-seconds", "0.25", image=SHELL_IMAGE, grace=2)
     try:
         record, verdict = runner.run(job, Plan.parse("sigterm@3"))
@@ -102,7 +102,7 @@ def test_shell_entrypoint_that_swallows_sigterm_is_caught(docker_session, tmp_pa
 
 def test_same_trainer_as_pid1_gets_the_notice(docker_session, tmp_path):
     """The control for the test above: the exec-form image delivers SIGTERM to the trainer."""
-    runner = ChaosRunner(ROOT, workdir=tmp_path)
+    runner = Session(ROOT, workdir=tmp_path)
     try:
         record, verdict = runner.run(container_job("pid1", "--step-seconds", "0.05", grace=5), Plan.parse("sigterm@3"))
     finally:
@@ -112,14 +112,14 @@ def test_same_trainer_as_pid1_gets_the_notice(docker_session, tmp_path):
 
 
 def test_missing_image_is_one_clear_message(docker_session, tmp_path):
-    runner = ChaosRunner(ROOT, workdir=tmp_path)
+    runner = Session(ROOT, workdir=tmp_path)
     with pytest.raises(BackendError, match=r"image 'spotchaos-no-such-image:1' is not present locally.*never pulls"):
         runner.reference(container_job(image="spotchaos-no-such-image:1"))
     runner.close()
 
 
 def test_bad_mount_is_one_clear_message_and_starts_nothing(docker_session, tmp_path):
-    runner = ChaosRunner(ROOT, workdir=tmp_path)
+    runner = Session(ROOT, workdir=tmp_path)
     job = container_job(mounts=(Mount("/no/such/host/dir", "/data", True),))
     with pytest.raises(BackendError, match=r"mounts: host path /no/such/host/dir does not exist"):
         runner.reference(job)
@@ -128,7 +128,7 @@ def test_bad_mount_is_one_clear_message_and_starts_nothing(docker_session, tmp_p
 
 
 def test_container_that_exits_at_once_is_one_clear_message(docker_session, tmp_path):
-    runner = ChaosRunner(ROOT, workdir=tmp_path)
+    runner = Session(ROOT, workdir=tmp_path)
     job = JobSpec(
         name="exits",
         command=("python", "-c", "import sys; print('bad config: no data dir', file=sys.stderr); sys.exit(3)"),
@@ -308,7 +308,7 @@ def test_a_container_cannot_make_the_harness_damage_a_host_file_it_cannot_see(do
     before = victim.read_bytes()
     command = ("python", "fixtures/hostile_links.py", "--victim", str(victim), "--link", "model")
     job = JobSpec(name="hostile-box", command=command, grace_seconds=5, container=ContainerSpec(image=IMAGE))
-    runner = ChaosRunner(ROOT, workdir=tmp_path / "runs")
+    runner = Session(ROOT, workdir=tmp_path / "runs")
     try:
         with pytest.raises(UnsafeCheckpoint, match=r"model.pt, a symbolic link .* refuses this checkpoint"):
             runner.check(job, Plan.parse("sigkill@3:truncate-zero"))
@@ -323,7 +323,7 @@ def test_a_pickle_that_needs_a_full_unpickle_is_read_inside_the_jobs_container(d
     marker in the run's own directory): the harness reads it in a container of the job's image,
     so every pid there is a container's (never pytest's), and the marker is reachable only there."""
     job = hostile_pickle_job("pickle-box", "{checkpoint_dir}/marker", steps=5, container=ContainerSpec(image=IMAGE))
-    runner = ChaosRunner(ROOT, workdir=tmp_path / "runs", keep_passing=True)
+    runner = Session(ROOT, workdir=tmp_path / "runs", keep_passing=True)
     try:
         runner.check(job, Plan.parse("sigkill@1"))
     finally:

@@ -33,7 +33,7 @@ from spotchaos.faults.plan import Plan
 from spotchaos.host.leftovers import LIVE_DIR_VARIABLE, MARKER_VARIABLE, LiveJobs
 from spotchaos.host.processes import become_subreaper, carrying, descendants, end
 from spotchaos.record import ScenarioRecord
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 from spotchaos.training.multirank.ray_train import driver_environment
 
 from .helpers import FIXTURES, ROOT, is_alive, run_pytest, trainer_job
@@ -48,7 +48,7 @@ def ray_runner(tmp_path_factory):
     """One session on one local cluster for the module (one Ray driver per process): a head and two
     worker nodes of one CPU and one GPU each, the GPU declared (Ray hands it out; no device needed)."""
     runs = tmp_path_factory.mktemp("ray-runs")
-    with LocalRayCluster(workers=2, cpus=1, gpus=1) as cluster, ChaosRunner(ROOT, workdir=runs) as runner:
+    with LocalRayCluster(workers=2, cpus=1, gpus=1) as cluster, Session(ROOT, workdir=runs) as runner:
         runner.use_ray_cluster(cluster)
         yield runner
 
@@ -160,7 +160,7 @@ def test_a_node_dead_before_its_job_started_is_replaced_and_the_job_starts_on_an
     of it ended, a replacement started) and the job starts on another node."""
     cluster = ray_runner.ray_cluster()
     dead, other = list(cluster.nodes.values())[:2]
-    starter = cluster._starters[dead.name]
+    starter = cluster.daemons.starters[dead.name]
     end([*descendants(starter.pid), starter.pid])  # behind the cluster's back: it still lists the node
     other.busy += 1  # the dead node is the one free to take
     backend = RayBackend(cluster, {"CPU": 1.0}, 10.0)
@@ -442,7 +442,7 @@ def test_the_clusters_nodes_run_with_a_quick_health_check_and_one_calmer_log_mon
     calls a node dead after 3 missed checks a second apart: read from the processes' own
     environments (what the kernel says they started with)."""
     cluster = ray_runner.ray_cluster()
-    ours = carrying(f"{MARKER_VARIABLE}={cluster._marker}")
+    ours = carrying(f"{MARKER_VARIABLE}={cluster.daemons.marker}")
     monitors = [pid for pid in ours if "log_monitor.py" in Path(f"/proc/{pid}/cmdline").read_text()]
     assert len(monitors) == 1, monitors  # the head's; the cluster has len(cluster.nodes) worker nodes
     assert len(cluster.nodes) == 2

@@ -94,3 +94,63 @@ def test_hard_kill_reports_the_signal(tmp_path):
     handle.kill()
     assert handle.wait(10) == -9
     handle.cleanup()
+
+
+# a launcher that starts its worker in a session of its own, as torchrun's agent does
+# (torch.distributed.elastic's SubprocessHandler: start_new_session=True)
+OWN_SESSION_WORKER = """
+import os, subprocess, sys, time
+out = sys.argv[1]
+worker_code = (
+    "import os, sys, time;"
+    "open(os.path.join(sys.argv[1], 'worker-ready'), 'w').close();"
+    "[time.sleep(0.05) for _ in range(1200)]"
+)
+worker = subprocess.Popen([sys.executable, "-c", worker_code, out], start_new_session=True)
+with open(os.path.join(out, "pids"), "w") as f:
+    f.write(f"{os.getpid()} {worker.pid}")
+worker.wait()
+"""
+
+
+@pytest.mark.parametrize("signum", [9, 15])
+def test_a_signal_to_the_whole_job_reaches_a_worker_in_a_session_of_its_own(tmp_path, script, signum):
+    """Before: SIGKILL went to the launcher's group only; the worker, re-parented, trained on while
+    the fault was reported landed (issue 60)."""
+    handle = launch(tmp_path, script(OWN_SESSION_WORKER), str(tmp_path))
+    try:
+        wait_for(tmp_path / "worker-ready")
+        wait_for(tmp_path / "pids")
+        main, worker = read_pids(tmp_path / "pids")
+        assert os.getpgid(worker) != os.getpgid(main)
+        if signum == 9:
+            handle.kill()
+        else:
+            handle.notify(signum, whole_group=True)
+        assert handle.delivery is not None
+        reached = " ".join(handle.delivery.reached)
+        assert f"pid {main} " in reached and f"pid {worker} " in reached, handle.delivery.reached
+        assert handle.delivery.outlived == []
+        deadline = time.monotonic() + 5
+        while is_alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not is_alive(worker), "the worker outlived the signal to the whole job"
+    finally:
+        handle.cleanup()
+
+
+@pytest.mark.unit
+def test_a_servers_port_is_picked_below_the_ephemeral_range_where_no_connect_can_take_it():
+    """A port from bind(0) is an ephemeral one, which any outgoing connection may take as its source
+    port before the server binds it: a torchrun restart's rendezvous failed EADDRINUSE so in the
+    main job. The harness picks below the range, a port it could bind just now."""
+    import socket
+
+    from spotchaos.host.ports import EPHEMERAL_RANGE, free_port
+
+    low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= port < low for port in ports), (ports, low)
+    assert len(ports) > 1  # random, not one port every picker shares
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", ports.pop()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 
 from .helpers import trainer_job
 

@@ -14,7 +14,7 @@ from spotchaos.config.jobs import JobSpec, load_settings
 from spotchaos.config.prices import CostInputs
 from spotchaos.errors import ConfigError
 from spotchaos.families.budgets import notice_step
-from spotchaos.runner import BudgetFailure
+from spotchaos.session import BudgetFailure
 
 from .helpers import trainer_job
 

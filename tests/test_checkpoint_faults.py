@@ -10,7 +10,7 @@ from spotchaos.config.jobs import JobSpec
 from spotchaos.faults import CHECKPOINT_FAULTS, CheckpointSet
 from spotchaos.faults.checkpoint import FlipBits, LatestPointer, Truncate
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure, DamageNotApplied
+from spotchaos.session import ChaosFailure, DamageNotApplied
 from spotchaos.training.engine.damage import OutsideCheckpoint, damage_newest
 from spotchaos.training.trajectory import Attempt
 
@@ -214,3 +214,67 @@ probe.final({}, step=39)
     job = JobSpec(name="elsewhere", command=script(body))
     with pytest.raises(OutsideCheckpoint, match="refuses"):
         runner.check(job, Plan.parse("sigterm@10:truncate-zero"))
+
+
+def test_a_crash_point_counted_from_a_step_that_never_fires_is_run_again_then_fails(runner):
+    """``crash@S+N`` counts file-system events after step S; a checkpoint written in a thread puts
+    them before or after S by its timing, so one run may miss a point its reference had (issue 59:
+    a false alarm of the bundled lightning-async job). Such a run tested nothing and is run again;
+    a point that never fires in any run fails as before, with every try on the record."""
+    run, verdict = runner.run(trainer_job(name="missed-crash-point"), Plan.parse("crash@13+500"))
+    assert not verdict.passed
+    assert len(run.missed_tries) == 2, run.missed_tries
+    assert all("crash@13+500 never fired" in why for why in run.missed_tries)
+    assert any("crash@13+500 never fired" in f for f in verdict.failures)
+
+
+@pytest.mark.unit
+def test_a_crash_point_counted_from_a_step_counts_on_across_the_steps_reported_after_it(tmp_path):
+    """``crash@S+N`` counts the events since step S was reported, on across later steps' reports: a
+    save written in a thread ends one step or another by its timing (issue 59: lightning-async's
+    ``crash@13+5`` never fired once its thread wrote a step sooner than in its reference). Here the
+    save's three writes straddle the reports of steps 4 and 5; the third is still the third."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from spotchaos.training.engine.options import CRASHPOINT_DIR
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    script = (
+        "import sys\n"
+        "for step, name in ((3, 'a'), (4, 'b'), (5, 'c')):\n"
+        "    sys.audit('spotchaos.step', step)\n"
+        f"    open({str(root)!r} + '/' + name, 'w').close()\n"
+    )
+    log = tmp_path / "fs.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(CRASHPOINT_DIR),
+        "SPOTCHAOS_CRASH_ROOT": str(root),
+        "SPOTCHAOS_CRASH_LOG": str(log),
+        "SPOTCHAOS_CRASH_AFTER_STEP": "3",
+        "SPOTCHAOS_CRASH_AT": "3",
+    }
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, capture_output=True)
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    assert sorted(p.name for p in root.iterdir()) == ["a", "b"]  # killed before the third write, at step 5
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["step"], e["since"], e["counted"]) for e in logged] == [(3, 1, 1), (4, 1, 2), (5, 1, 3)], logged
+
+
+@pytest.mark.unit
+def test_only_a_missed_crash_point_and_nothing_else_is_run_again():
+    from spotchaos.training.engine.run import missed_crash_point
+    from spotchaos.training.trajectory import RunRecord
+
+    plan = Plan.parse("crash@13+5")
+    unfired = ["crash@13+5 never fired: attempt 0 made fewer than 5 file-system events after step 13 ..."]
+    record = RunRecord(job="j", plan=str(plan), attempts=[], wall_seconds=0, workdir="", unfired=unfired)
+    assert missed_crash_point(plan, record, ["planned fault " + unfired[0]])
+    assert not missed_crash_point(plan, record, ["planned fault " + unfired[0], "final weights differ"])
+    stepped = Plan.parse("sigkill@13")
+    record.unfired = ["sigkill@13 never fired: attempt 0 ended after step 12, before step 13"]
+    assert not missed_crash_point(stepped, record, ["planned fault " + record.unfired[0]])

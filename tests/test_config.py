@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
 from spotchaos.config.jobs import JobSpec, Settings, load_settings
 from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan, Preemption
-from spotchaos.pytest_glue.options import resolve
+from spotchaos.pytest_glue.options import Given, resolve
 
 pytestmark = pytest.mark.unit  # starts no process: part of the fast loop (pytest -m unit)
 
@@ -101,21 +103,8 @@ def test_plan_parse_and_errors():
         Plan.parse("sigterm")
 
 
-def _resolve(**overrides):
-    args = dict(
-        seed=None,
-        last_seed=None,
-        profile=None,
-        examples=None,
-        output=None,
-        plan=None,
-        jobs=None,
-        keep_runs=False,
-        environ={},
-        settings=Settings(),
-    )
-    args.update(overrides)
-    return resolve(**args)
+def _resolve(environ=None, settings=None, last_seed=None, **given):
+    return resolve(Given(**given), environ=environ or {}, settings=settings or Settings(), last_seed=last_seed)
 
 
 def test_options_precedence_and_errors():
@@ -168,3 +157,17 @@ def test_old_timeout_names_still_work_with_a_deprecation_warning(tmp_path):
     )
     with pytest.raises(ConfigError, match="give event_timeout_seconds only"):
         load_settings(pyproject)
+
+
+@pytest.mark.unit
+def test_every_command_line_option_reaches_the_resolved_options():
+    """``Given`` is the command line as one object: each of its fields is read from a
+    ``--spotchaos-*`` option the plugin declares (``verbose`` from pytest's -v), none forgotten."""
+    from dataclasses import fields
+
+    import spotchaos.plugin as plugin
+    from spotchaos.pytest_glue.pytest_session import _GIVEN
+
+    assert set(_GIVEN) | {"verbose"} == {f.name for f in fields(Given)}
+    declared = set(re.findall(r'"--(spotchaos-[a-z-]+)"', Path(plugin.__file__).read_text()))
+    assert {f"spotchaos-{option.replace('_', '-')}" for option in _GIVEN.values()} <= declared

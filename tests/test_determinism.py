@@ -12,7 +12,7 @@ import pytest
 from spotchaos.config.jobs import JobSpec, job_from_mapping
 from spotchaos.errors import ConfigError, NotDeterministic
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 from spotchaos.strategies import preemption_plans
 from spotchaos.training.determinism import Audit, Envelope, audit
 from spotchaos.training.trajectory import Attempt, RunRecord
@@ -25,7 +25,7 @@ FULL = pytest.mark.full  # the full run's (pytest --spotchaos without -m): docs/
 
 def trainer(script: str, *, noise: bool = False, **settings) -> JobSpec:
     command = ("python", str(FIXTURES / f"{script}.py"), "--steps", "16", "--checkpoint-every", "4")
-    name = script.replace("_", "-") + ("-noisy" if noise else "")
+    name = settings.pop("name", None) or script.replace("_", "-") + ("-noisy" if noise else "")
     return JobSpec(name=name, command=command, env=NOISE if noise else (), grace_seconds=10, **settings)
 
 
@@ -39,6 +39,18 @@ def test_a_noisy_job_fails_with_the_determinism_verdict_never_a_resume_one(runne
     assert "before sigkill after step 8 reached it" in message and "this is not a resume bug" in message
     assert "torch.use_deterministic_algorithms(True)" in message and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in message
     assert "resuming" not in message
+
+
+def test_a_noisy_job_whose_noise_shows_only_after_the_restart_is_said_not_deterministic_first(runner):
+    """Killed at its first step, before its noise shows: the restart's losses differ, which a resume
+    cause would explain wrongly. A second uninterrupted run, made once, says first that the job is
+    not deterministic (issue 60: "final weights differ" as the only explanation of such a job)."""
+    with pytest.raises(NotDeterministic) as failure:
+        runner.check(trainer("broken_nondeterministic", name="noise-after-restart"), Plan.parse("sigkill@0"))
+    message = str(failure.value)
+    assert "is not deterministic without any preemption" in message
+    assert "a second uninterrupted run, made because a resumed run differed" in message
+    assert "diverged" not in message
 
 
 def test_repeated_uninterrupted_runs_say_where_they_part_and_how_far(runner):

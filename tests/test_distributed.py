@@ -10,7 +10,7 @@ import pytest
 from spotchaos.config.jobs import JobSpec, job_from_mapping, load_settings
 from spotchaos.errors import ConfigError, JobError
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 
 from .helpers import FIXTURES, ROOT, no_process_left
 

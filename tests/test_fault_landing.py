@@ -19,7 +19,7 @@ import pytest
 from spotchaos.config.jobs import JobSpec
 from spotchaos.faults.plan import Plan
 from spotchaos.probe import ENV_HOLD_AT, StepHold
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 from spotchaos.training.engine.hold import Hold
 from spotchaos.training.engine.landing import settle, untested
 from spotchaos.training.trajectory import FaultRecord
@@ -274,7 +274,7 @@ def test_a_rank_or_node_fault_holds_its_target_rank(tmp_path, fault, launcher, r
     rank fault (a dict's get skips the named lookup), so no hold was armed for any of them."""
     from spotchaos.faults import PREEMPTIONS
     from spotchaos.faults.plan import Preemption
-    from spotchaos.training.engine.attempt import _arm_hold
+    from spotchaos.training.engine.environment import arm_hold as _arm_hold
     from spotchaos.training.engine.options import EngineOptions
 
     assert PREEMPTIONS.get(fault) is PREEMPTIONS[fault] or PREEMPTIONS.get(fault) == PREEMPTIONS[fault]
@@ -334,3 +334,33 @@ def test_a_fault_held_back_on_purpose_records_where_it_landed_but_no_lateness():
     assert (fault.landed_step, fault.steps_late, untested(fault, 19)) == (12, None, None)
     settle_landing(attempt, late := _fault(9, 12, 12.9), None, fast_reference())
     assert late.steps_late == 3 and "past the checkpoint after step 11" in untested(late, 19)
+
+
+def test_a_hard_kill_of_a_job_that_runs_torchrun_itself_reaches_its_worker(runner):
+    """The job's command is torchrun (the harness does not know it): its agent starts the worker in
+    a session of its own. The kill must reach the worker, and the record must say it did (issue 60:
+    the worker trained on while the kill was reported landed)."""
+    command = (
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=1",
+        "--nnodes=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
+        "--local-addr=127.0.0.1",
+        str(FIXTURES / "reference_trainer.py"),
+        "--steps",
+        "12",
+        "--checkpoint-every",
+        "4",
+        *FAST,
+    )
+    job = JobSpec(name="own-torchrun", command=command, warm=False, env=(("GLOO_SOCKET_IFNAME", "lo"),))
+    run, verdict = runner.run(job, Plan.parse("sigkill@6"))
+    assert verdict.passed, verdict.failures
+    fault = run.attempts[0].fault
+    assert fault is not None and fault.held and fault.landed_step == 6
+    assert len(fault.reached) == 2, fault.reached  # the agent and its worker, each by its own pid
+    assert "torch.distributed.run" in fault.reached[0] and "reference_trainer.py" in fault.reached[1], fault.reached
+    assert max(e["step"] for e in run.attempts[0].of_kind("step")) == 6

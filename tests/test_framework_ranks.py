@@ -17,7 +17,7 @@ import pytest
 
 from spotchaos.config.jobs import load_settings
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 
 from .helpers import ROOT
 

@@ -16,7 +16,7 @@ import pytest
 from spotchaos.config.jobs import load_settings
 from spotchaos.faults.plan import Plan
 from spotchaos.integrations._report import loss_of, tensors_in
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 from spotchaos.strategies import resumes_across_epochs
 from spotchaos.training.reference.prefix import ready_steps
 

@@ -19,7 +19,7 @@ import pytest
 from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import ConfigError, SpotchaosError
 from spotchaos.host.gpu_leases import GpuPool, GpuUnavailable, NoGpuFree, parse_devices
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 
 from .helpers import FIXTURES, ROOT, run_pytest
 
@@ -199,10 +199,10 @@ def test_a_job_that_needs_gpus_on_a_machine_without_any_is_named_before_anything
     job = JobSpec(name="needs-gpus", command=("python", "-c", f"open({str(marker)!r}, 'w')"), gpus=2)
     monkeypatch.setenv("SPOTCHAOS_GPUS", "")
     none = pytest.raises(GpuUnavailable, match=r"gpus: the job asks for GPUs \(2\) and this machine has none")
-    with ChaosRunner(ROOT, workdir=tmp_path / "none") as runner, none:
+    with Session(ROOT, workdir=tmp_path / "none") as runner, none:
         runner.reference(job)
     monkeypatch.setenv("SPOTCHAOS_GPUS", "0")
     fewer = pytest.raises(ConfigError, match=r"asks for 2 GPU\(s\) and this machine has 1 \(0\), from SPOTCHAOS_GPUS")
-    with ChaosRunner(ROOT, workdir=tmp_path / "one") as runner, fewer:
+    with Session(ROOT, workdir=tmp_path / "one") as runner, fewer:
         runner.reference(job)
     assert not marker.exists()

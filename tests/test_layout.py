@@ -71,6 +71,42 @@ def test_no_function_over_80_lines_and_no_class_over_300():
 
 
 @pytest.mark.unit
+def test_no_code_below_the_loader_tests_a_launchers_name():
+    """A launcher is an object (config/launchers.py): its traits answer the engine, and its way to
+    start is registered by name once, at the edge (issue 62: 31 ``launcher ==`` tests)."""
+    found = []
+    for path in FILES:
+        if path.parent.name == "config":
+            continue  # the loader checks the declared name
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(side, ast.Attribute) and side.attr == "launcher" for side in (node.left, *node.comparators)
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
+
+
+@pytest.mark.unit
+def test_no_engine_code_tests_a_faults_name():
+    """A fault answers what it is (faults/traits.py: reruns, hangs, on_node, warns, metadata...):
+    no ``fault == "rerun"`` or ``fault.startswith("drain-node")`` in the engine or the verdict."""
+    found = []
+    for path in FILES:
+        if path.parent.name in ("config", "faults", "report") or path.name == "strategies.py":
+            continue  # where faults are defined, plans drawn and declarations checked; a report reads JSON
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = None
+            strings = [c for c in getattr(node, "comparators", []) if isinstance(c, ast.Constant)]
+            if isinstance(node, ast.Compare) and any(isinstance(c.value, str) for c in strings):
+                named = node.left
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                named = node.func.value if node.func.attr in ("startswith", "endswith") else None
+            if isinstance(named, ast.Attribute) and named.attr == "fault":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found
+
+
+@pytest.mark.unit
 def test_only_the_pytest_glue_imports_pytest_and_the_probe_imports_nothing_of_spotchaos():
     offenders = []
     for path in FILES:

@@ -9,7 +9,7 @@ import pytest
 from spotchaos.config.jobs import job_from_mapping
 from spotchaos.errors import ConfigError, JobError
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 from spotchaos.training.logadapter import significant_digits
 
 from .helpers import PLAIN_LOG, plain_job

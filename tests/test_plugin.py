@@ -310,7 +310,7 @@ command = ["python", "{FIXTURES / "serve_model.py"}", "--port", "{{port}}"]
     assert "test_ranks_resume_bit_exact_after_preemptions[mine]" in lines
     assert "test_the_service_drains_through_its_reclaim_notice[svc]" in lines
     assert "[ref]" not in lines and "test_a_lost_node" not in lines and "another_world_size" not in lines
-    listed.stdout.fnmatch_lines(["*6/15 tests collected (9 deselected)*"])
+    listed.stdout.fnmatch_lines(["*6/17 tests collected (11 deselected)*"])
     service = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-job=ref", "-rs", *everything[:1], everything[2])
     service.assert_outcomes(skipped=1)
     service.stdout.fnmatch_lines(["*spotchaos: none of the selected services is for this test*"])
@@ -319,7 +319,7 @@ command = ["python", "{FIXTURES / "serve_model.py"}", "--port", "{{port}}"]
     )
     unknown = pytester.runpytest_subprocess("--spotchaos", "test_s.py")
     assert unknown.ret == pytest.ExitCode.INTERRUPTED  # a collection error: the scenario's own mistake
-    known = "known: ranks, nodes, one process, reshard"
+    known = "known: ranks, nodes, one process, slurm, watchdog, phases, reshard"
     unknown.stdout.fnmatch_lines([f"*test_s.py::test_x: unknown need 'gpus' in its spotchaos marker ({known})*"])
 
 
@@ -352,7 +352,7 @@ def test_a_project_that_only_declares_a_job_gets_the_built_in_scenarios(pytester
     listed = pytester.runpytest_subprocess("--spotchaos", "--collect-only", "-q")
     assert listed.ret == 0, listed.stdout.str() + listed.stderr.str()
     listed.stdout.fnmatch_lines(BUILT_IN, consecutive=False)
-    assert "8/16 tests collected (8 deselected)" in listed.stdout.str()  # the multi-rank and service ones do not fit
+    assert "8/19 tests collected (11 deselected)" in listed.stdout.str()  # multi-rank, Slurm, phases, services: no fit
     off = pytester.runpytest_subprocess("--collect-only", "-q")  # without --spotchaos: nothing of spotchaos
     assert "test_preemption.py" not in off.stdout.str()
 
@@ -416,3 +416,23 @@ backend = "ray"
         "test_s.py::test_again[other]",
         "test_s.py::test_plain",
     ], lines
+
+
+def test_a_damage_scenario_on_a_job_that_checkpoints_once_an_epoch_is_a_skip_saying_why(pytester):
+    """Checkpoints after steps 5 and 11 of 13: no step but the last is left after the second. Before,
+    the scenario ended in ``ValueError: min_step 12 leaves no step to preempt`` (issue 60)."""
+    command = ["python", str(FIXTURES / "reference_trainer.py"), "--steps", "13", "--checkpoint-every", "6"]
+    pytester.makefile(
+        ".toml",
+        pyproject=f"""
+[tool.spotchaos]
+output = "out"
+[tool.spotchaos.jobs.epochs]
+command = {json.dumps(command)}
+""",
+    )
+    damage = ["--pyargs", "spotchaos.scenarios.test_checkpoint_damage", "-k", "rolls_back"]
+    result = pytester.runpytest_subprocess("--spotchaos", "--spotchaos-job=epochs", "-rs", *damage)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*'epochs' checkpoints after steps [[]5, 11[]] of 13: no step is left*more often*"])
+    assert "ValueError" not in result.stdout.str()

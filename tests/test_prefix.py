@@ -23,8 +23,8 @@ from spotchaos.faults.plan import Plan
 from spotchaos.probe import Probe
 from spotchaos.record import ScenarioRecord
 from spotchaos.report.gate_cost import cost_line, per_job
-from spotchaos.runner import ChaosFailure, ChaosRunner
 from spotchaos.search import ExploreSettings, explore
+from spotchaos.session import ChaosFailure, Session
 from spotchaos.strategies import preemption_plans
 from spotchaos.training.engine.hold import CheckpointHold
 from spotchaos.training.reference.prefix import (
@@ -54,8 +54,8 @@ def plans(*texts: str) -> st.SearchStrategy[Plan]:
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory) -> ChaosRunner:
-    with ChaosRunner(ROOT, workdir=tmp_path_factory.mktemp("prefix")) as runner:
+def session(tmp_path_factory) -> Session:
+    with Session(ROOT, workdir=tmp_path_factory.mktemp("prefix")) as runner:
         yield runner
 
 
@@ -123,7 +123,7 @@ def test_only_the_sessions_first_searched_plan_of_a_job_starts_from_step_0_and_i
     job = trainer()
     settings = ExploreSettings(max_examples=2, seed=5)
     first, second = (ScenarioRecord(scenario=name, job=job.name, seed=5) for name in ("first", "second"))
-    with ChaosRunner(ROOT, workdir=tmp_path) as runner:
+    with Session(ROOT, workdir=tmp_path) as runner:
         with first:  # sampled_from shrinks to its first element: hypothesis draws sigterm@1 first
             explore(runner, job, plans("sigterm@1", "sigkill@9", "sigkill@13"), settings=settings)
         with second:
@@ -135,13 +135,15 @@ def test_only_the_sessions_first_searched_plan_of_a_job_starts_from_step_0_and_i
 
 
 def test_a_crash_point_counted_from_its_step_lands_on_the_same_event_from_the_references_copy(session):
-    """``crash@S+N`` dies before the N-th file-system event after the job reported step S: the same
-    moment of a save from a copy of the checkpoint before it as from step 0 (``crash@N``)."""
+    """``crash@S+N`` dies before the N-th file-system event since the job reported step S (the step
+    before the save's first event): the same moment of a save from a copy of the checkpoint before
+    it as from step 0 (``crash@N``)."""
     job = trainer()
-    boundaries = session.save_boundaries(job)
+    first, *boundaries = session.save_boundaries(job)
     crash = next(b for b in boundaries if b["event"] == "os.rename")  # the save's publishing rename
-    relative, *_ = (p for p in session.save_crash_points(job) if p.preemptions[0].fs_event == crash["since"])
-    assert str(relative) == f"crash@{crash['step']}+{crash['since']}", relative
+    counted = crash["index"] - first["index"] + first["since"]  # the events since step S, on across steps
+    relative, *_ = (p for p in session.save_crash_points(job) if p.preemptions[0].fs_event == counted)
+    assert str(relative) == f"crash@{first['step']}+{counted}", relative
     from_copy, verdict = session.run(job, relative, prefix=True)
     assert verdict.passed, verdict.message()
     assert from_copy.prefix_step is not None and from_copy.prefix_step < crash["step"]
@@ -323,7 +325,7 @@ def test_off_for_a_job_or_a_session_means_every_plan_from_step_0(session, tmp_pa
     assert why_not(twin) == "prefix = false"
     assert session.prefixes.start(job, Plan.parse("sigkill@13"), reference) is not None
     assert session.prefixes.start(twin, Plan.parse("sigkill@13"), reference) is None
-    with ChaosRunner(ROOT, workdir=tmp_path / "off", prefix=False) as off:
+    with Session(ROOT, workdir=tmp_path / "off", prefix=False) as off:
         assert off.reference(job).snapshots is None
         run, verdict = off.run(job, Plan.parse("sigkill@13"), prefix=True)
         assert verdict.passed and run.prefix_step is None
@@ -431,7 +433,7 @@ def test_a_twin_run_first_without_prefixes_leaves_the_job_its_own_reference_and_
     job = trainer(name="with-prefixes")
     twin = replace(job, name="without-prefixes", prefix=False)
     assert twin.key() == job.key()
-    with ChaosRunner(ROOT, workdir=tmp_path) as runner:
+    with Session(ROOT, workdir=tmp_path) as runner:
         whole = runner.reference(twin)
         assert whole.snapshots == {"steps": [], "refused": "prefix = false"}, whole.snapshots
         reference = runner.reference(job)
@@ -463,7 +465,7 @@ def test_a_side_file_beside_the_checkpoint_folder_refuses_copies_and_fails_on_ev
     and the plan fails with prefixes on and off, warm and cold."""
     job = trainer("broken_side_file")
     for warm, prefix in ((True, True), (False, False)):
-        with ChaosRunner(ROOT, workdir=tmp_path / f"{warm}-{prefix}", warm=warm, prefix=prefix) as runner:
+        with Session(ROOT, workdir=tmp_path / f"{warm}-{prefix}", warm=warm, prefix=prefix) as runner:
             reference = runner.reference(job)
             if prefix:
                 refused = reference.snapshots["refused"]
@@ -479,7 +481,7 @@ def test_a_failure_on_a_shortcut_that_the_slow_path_does_not_see_fails_naming_th
     cold, from step 0; the cold pass does not overrule it: the verdict names the warm start, says
     the cause is unknown, and the job runs the rest of the session on the slow path."""
     job = trainer("broken_warm_only")
-    with ChaosRunner(ROOT, workdir=tmp_path / "runs") as runner:
+    with Session(ROOT, workdir=tmp_path / "runs") as runner:
         run, verdict = runner.run(job, Plan.parse("sigterm@9"), prefix=True, reuse=True)
         assert not verdict.passed
         first = verdict.failures[0]

@@ -26,7 +26,7 @@ from spotchaos.backends.raycluster.relay import NodeFolder, Relay
 from spotchaos.errors import SpotchaosError
 from spotchaos.faults.plan import Plan
 from spotchaos.probe import ENV_EVENTS, ENV_HOLD_DIR
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 from spotchaos.training.engine.hold import Hold
 
 from .helpers import ROOT, trainer_job
@@ -99,7 +99,7 @@ def apart_runner(tmp_path_factory):
     runs = tmp_path_factory.mktemp("relay-runs")
     with (
         LocalRayCluster(workers=2, cpus=1, separate_folders=True) as cluster,
-        ChaosRunner(ROOT, workdir=runs) as runner,
+        Session(ROOT, workdir=runs) as runner,
     ):
         runner.use_ray_cluster(cluster)
         yield runner

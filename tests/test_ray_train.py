@@ -23,7 +23,7 @@ from spotchaos.families.preemption import ChaosFailure
 from spotchaos.faults.plan import Plan
 from spotchaos.host.processes import describe
 from spotchaos.record import ScenarioRecord
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 from spotchaos.training.multirank.ray_train import JOB_CONFIG_VARIABLE, driver_environment, explain
 from spotchaos.training.trajectory import RunRecord
 
@@ -43,7 +43,7 @@ def train_runner(tmp_path_factory):
     """One session on one local cluster for the module: two worker nodes of one CPU, so each Train
     worker (one CPU) runs on a node of its own, each draining for 10 s on a SIGTERM (KubeRay's mode)."""
     runs = tmp_path_factory.mktemp("ray-train-runs")
-    with LocalRayCluster(workers=2, cpus=1, drain_timeout=10) as cluster, ChaosRunner(ROOT, workdir=runs) as runner:
+    with LocalRayCluster(workers=2, cpus=1, drain_timeout=10) as cluster, Session(ROOT, workdir=runs) as runner:
         runner.use_ray_cluster(cluster)
         yield runner
 
@@ -225,7 +225,7 @@ def test_a_loop_that_returns_on_the_notice_is_named(train_runner):
 @pytest.mark.unit
 def test_the_driver_joins_the_cluster_and_hands_its_workers_the_probes_variables_only():
     cluster = LocalRayCluster(workers=1)  # not started: its address is known already
-    cluster._auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/private/auth_token"}  # as __enter__ does
+    cluster.daemons.auth_env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": "/private/auth_token"}  # as open()
     given = {"SPOTCHAOS_EVENTS": "/e", "AWS_SECRET_ACCESS_KEY": "s", "PATH": "/bin", "RAY_AUTH_TOKEN": "users"}
     env = driver_environment(given, cluster)
     assert env["RAY_ADDRESS"] == cluster.gcs_address and env["RAY_AUTH_MODE"] == "token"

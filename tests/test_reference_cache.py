@@ -22,7 +22,7 @@ from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
 from spotchaos.report.gate_cost import cost_line, per_job
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 from spotchaos.training.reference.cache import ENTRY, ReferenceCache, fingerprint, why_not
 
 from .helpers import FIXTURES, ROOT, run_pytest
@@ -51,10 +51,8 @@ def wrapped_job(folder: Path, rate: str = "0.003", *, hidden: bool = False) -> J
     return JobSpec(name="wrapped", command=command, grace_seconds=10)
 
 
-def session(tmp_path: Path, cache: ReferenceCache, label: str) -> ChaosRunner:
-    runner = ChaosRunner(ROOT, workdir=tmp_path / label)
-    runner.reference_cache = cache  # as the plugin sets it (--spotchaos-reference-cache)
-    return runner
+def session(tmp_path: Path, cache: ReferenceCache, label: str) -> Session:
+    return Session(ROOT, workdir=tmp_path / label, reference_cache=cache)  # as --spotchaos-reference-cache
 
 
 def entries(folder: Path) -> list[Path]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from spotchaos.report.markdown import render_markdown
@@ -179,3 +181,19 @@ def test_a_service_run_shows_its_timeline_cold_and_warm_starts_order_and_plot():
     assert 'alt="requests of s.py::ok[ref] by outcome over time, with the notice and the kill marked"' in page
     assert "fallback order followed" in page and page.count('class="plot"') == 1
     assert "readiness: ready until 0.004 s after the notice" in page
+
+
+@pytest.mark.unit
+def test_a_report_cut_anywhere_is_called_truncated(tmp_path):
+    """Cut in the middle of a number or a literal (``-``, ``tr``), the parser's error sat before the
+    end and the report was not called truncated: the CLI test failed when a report's size moved
+    its half-way cut onto one (issue 62: a flaky test)."""
+    from spotchaos.errors import ReportError
+    from spotchaos.report.document import load_report
+
+    text = json.dumps({"tool": "spotchaos", "schema_version": 1, "a": [-1.25, True, False, None, "text", {"b": 3}]})
+    for cut in range(1, len(text) - 1):
+        path = tmp_path / "cut.json"
+        path.write_text(text[:cut])
+        with pytest.raises(ReportError, match="looks truncated"):
+            load_report(path)

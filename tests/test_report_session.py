@@ -377,3 +377,14 @@ def test_long_scenario_ids_and_a_crash_during_a_load_fit_a_1400_px_page(session,
     html = page.read_text()
     assert "crash before open-read ckpt/model.pt (file-system event 2), before the first step" in html
     assert "@ -1" not in html
+
+
+def test_python_dash_m_spotchaos_is_the_spotchaos_command(tmp_path):
+    """``python -m spotchaos`` for a venv whose scripts folder is not on PATH (issue 62: it failed)."""
+    from spotchaos import __version__
+
+    done = subprocess.run(
+        [sys.executable, "-m", "spotchaos", "--version"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert __version__ in done.stdout

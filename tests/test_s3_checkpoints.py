@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotchaos.runner import ChaosRunner, StorageFailure
+from spotchaos.session import Session, StorageFailure
 from spotchaos.storage import ExpiredToken, Latency, SlowDown
 
 from .helpers import FIXTURES, ROOT, run_pytest, trainer_job
@@ -15,7 +15,7 @@ from .helpers import FIXTURES, ROOT, run_pytest, trainer_job
 
 @pytest.fixture(scope="module")
 def s3_runner(tmp_path_factory):
-    runner = ChaosRunner(ROOT, workdir=tmp_path_factory.mktemp("s3-runs"))
+    runner = Session(ROOT, workdir=tmp_path_factory.mktemp("s3-runs"))
     yield runner
     runner.close()
 
@@ -106,7 +106,7 @@ def test_a_secret_that_reaches_the_junit_xml_fails_the_session(tmp_path, mode):
         "from spotchaos.storage import UnknownAccessKey\n\n"
         "def test_refused(spotchaos, spotchaos_job, record_property):\n"
         "    spotchaos.check_storage_refusal(spotchaos_job, UnknownAccessKey())\n"
-        "    record_property('debug', spotchaos.runner.secrets[0])\n"
+        "    record_property('debug', spotchaos.session.secrets[0])\n"
     )
     result = run_pytest(tmp_path, *mode, "--spotchaos", "--junitxml=junit.xml", "test_leak.py")
     assert "1 passed" in result.stdout, result.stdout[-2000:]

@@ -16,8 +16,8 @@ from spotchaos.config.jobs import job_from_mapping, load_settings
 from spotchaos.config.logspec import DEFAULT_PATTERN, LogSpec
 from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure, ExploreSettings
 from spotchaos.search import explore
+from spotchaos.session import ChaosFailure, ExploreSettings
 from spotchaos.training.logadapter import LogEventReader
 
 from .helpers import FIXTURES, ROOT, plain_job

@@ -10,10 +10,10 @@ import pytest
 
 from spotchaos.config.jobs import JobSpec, Settings
 from spotchaos.errors import ConfigError
-from spotchaos.pytest_glue.options import resolve
+from spotchaos.pytest_glue.options import Given, resolve
 from spotchaos.record import ScenarioRecord
-from spotchaos.runner import ChaosFailure
 from spotchaos.search import ExploreSettings, explore, plans_at_once
+from spotchaos.session import ChaosFailure
 from spotchaos.strategies import preemption_plans
 
 from .helpers import FIXTURES
@@ -67,10 +67,7 @@ def test_a_failure_found_in_parallel_shrinks_to_the_plan_the_serial_search_finds
 @pytest.mark.unit
 def test_a_parallel_count_out_of_range_is_one_clear_error():
     with pytest.raises(ConfigError, match="--spotchaos-parallel: must be from 1 to 256 plans at once, got 0"):
-        resolve(
-            seed="1", last_seed=None, profile=None, examples=None, output=None, plan=None, jobs=None,
-            keep_runs=False, environ={}, settings=Settings(), parallel=0,
-        )  # fmt: skip
+        resolve(Given(seed="1", parallel=0), environ={}, settings=Settings())
 
 
 @pytest.mark.unit

@@ -28,7 +28,7 @@ from spotchaos.faults.notices import (
     GcpMetadataNotice,
 )
 from spotchaos.serving.load import RequestRecord
-from spotchaos.serving.verdict import judge_drain, judge_replacement, longest_gap
+from spotchaos.serving.verdict import DrainBounds, DrainTimeline, judge_drain, judge_replacement, longest_gap
 
 from .helpers import FIXTURES, ROOT
 
@@ -239,19 +239,20 @@ def record(started: float, ended: float, outcome: str, retry_after: str | None =
 def test_the_drain_verdict_on_hand_made_requests():
     steady = [record(0.0, 0.2, "ok"), record(0.2, 0.4, "ok")]
     good = [*steady, record(0.9, 1.1, "ok"), record(1.05, 1.06, "unavailable", "1"), record(1.2, 1.21, "refused")]
-    verdict = judge_drain(good, notice_at=1.0, exited_at=2.0, killed=False, notice_seconds=6, margin=0.5)
+    bounds = DrainBounds(notice_seconds=6, margin=0.5)
+    verdict = judge_drain(good, DrainTimeline(notice_at=1.0, exited_at=2.0, killed=False), bounds)
     assert verdict.passed and verdict.figures["in_flight_at_notice"] == {"ok": 1}, verdict.failures
     bad = [*steady, record(0.9, 1.1, "dropped"), record(1.05, 1.06, "unavailable"), record(1.3, 1.4, "dropped")]
-    verdict = judge_drain(bad, notice_at=1.0, exited_at=6.8, killed=False, notice_seconds=6, margin=0.5)
+    verdict = judge_drain(bad, DrainTimeline(notice_at=1.0, exited_at=6.8, killed=False), bounds)
     text = "\n".join(verdict.failures)
     assert "1 of 1 request(s) in flight at the notice were not answered in full" in text
     assert "1 request(s) sent after the notice were dropped instead of refused" in text
     assert "got 503 without Retry-After" in text and "the drain took 5.80 s of a 6 s notice" in text
     # the harness took 0.4 s to deliver the notice (a loaded machine, a container's API): not the service's
-    common = {"notice_at": 1.0, "exited_at": 6.8, "killed": False, "notice_seconds": 6, "margin": 0.5}
-    late = judge_drain(good, delivered_at=1.4, **common)
+    common = {"notice_at": 1.0, "exited_at": 6.8, "killed": False}
+    late = judge_drain(good, DrainTimeline(delivered_at=1.4, **common), bounds)
     assert late.passed and late.figures["harness_delivery_seconds"] == 0.4, late.failures
-    later = judge_drain(good, delivered_at=1.1, **common)
+    later = judge_drain(good, DrainTimeline(delivered_at=1.1, **common), bounds)
     assert later.failures == [
         "the drain took 5.70 s of a 6 s notice (not counting the harness's 0.10 s to deliver the notice): less than "
         "the 0.5 s margin was left"
@@ -262,10 +263,11 @@ def test_the_drain_verdict_on_hand_made_requests():
 def test_readiness_kept_past_its_bound_after_the_notice_fails_the_drain():
     steady = [record(0.0, 0.2, "ok"), record(0.2, 0.4, "ok")]
     after = [record(1.1, 1.12, "unavailable", "1"), record(1.5, 1.52, "unavailable", "1"), record(3.5, 3.6, "refused")]
-    common = {"notice_at": 1.0, "exited_at": 4.0, "killed": False, "notice_seconds": 6, "margin": 0.5}
-    quick = judge_drain([*steady, *after], unready_at=1.05, unready_bound=1.0, **common)
+    common = {"notice_at": 1.0, "exited_at": 4.0, "killed": False}
+    bounds = DrainBounds(notice_seconds=6, margin=0.5, unready_bound=1.0)
+    quick = judge_drain([*steady, *after], DrainTimeline(unready_at=1.05, **common), bounds)
     assert quick.passed and quick.figures["ready_after_notice_seconds"] == 0.05, quick.failures
-    slow = judge_drain([*steady, *after], unready_at=4.0, unready_bound=1.0, **common)
+    slow = judge_drain([*steady, *after], DrainTimeline(unready_at=4.0, **common), bounds)
     (failure,) = slow.failures
     assert "kept answering its readiness check 200 for 3.00 s after the notice (until it was gone)" in failure
     assert "past the 1 s the platform allows" in failure and "routed 3 request(s) to it meanwhile" in failure

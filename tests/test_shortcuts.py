@@ -18,8 +18,8 @@ from spotchaos.config.jobs import JobSpec
 from spotchaos.config.logspec import LogSpec
 from spotchaos.config.prices import CostInputs
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure, ChaosRunner
 from spotchaos.search import ExploreSettings, explore
+from spotchaos.session import ChaosFailure, Session
 from spotchaos.training.shortcuts import verdict_key
 
 from .helpers import FIXTURES, ROOT
@@ -36,6 +36,10 @@ OTHER = {
     "event_timeout_seconds": 5.0,
     "attempt_timeout_seconds": 60.0,
     "provider": "gcp",
+    "platform": "kubernetes-job",
+    "exit_after_notice": 143,
+    "slurm_signal": "USR2@5",
+    "watchdog_seconds": 12.0,
     "overhead_budget": 0.5,
     "checkpoint_budget_seconds": 1.0,
     "mtbf_seconds": 3600.0,
@@ -49,6 +53,7 @@ OTHER = {
     "envelope_factor": 2.0,
     "state_diff": False,
     "state_diff_ignore": ("trainer.pt:timestamp",),
+    "phases": ("eval",),
     "parametrize": False,
     "storage": "s3",
     "launcher": "torchrun",
@@ -98,7 +103,7 @@ def test_a_plan_passed_by_one_job_runs_again_for_a_twin_that_differs_anywhere(tm
     plan that must start from step 0."""
     command = ("python", str(FIXTURES / "reference_trainer.py"), "--steps", "12", "--step-seconds", "0")
     job = JobSpec(name="twin", command=command, grace_seconds=20)
-    with ChaosRunner(ROOT, workdir=tmp_path / "runs") as runner:
+    with Session(ROOT, workdir=tmp_path / "runs") as runner:
         plan = Plan.parse("sigterm@6")
         first, verdict = runner.run(job, plan, prefix=True, reuse=True)
         assert verdict.passed and not first.reused and first.prefix_step is not None, verdict.message()
@@ -120,7 +125,7 @@ def test_the_audit_runs_passes_through_a_shortcut_again_on_the_slow_path(tmp_pat
         return JobSpec(name=name, command=command, grace_seconds=10)
 
     good, cold_only = job("reference_trainer.py", "audited"), job("broken_cold_only.py", "cold-only")
-    with ChaosRunner(ROOT, workdir=tmp_path / "runs", audit=1) as runner:
+    with Session(ROOT, workdir=tmp_path / "runs", audit=1) as runner:
         run, verdict = runner.run(good, Plan.parse("sigterm@6"), prefix=True)
         assert verdict.passed and run.shortcuts is None, verdict.message()
         assert runner.shortcuts.take_audit(good) is False, "its one audit was spent"
@@ -129,7 +134,7 @@ def test_the_audit_runs_passes_through_a_shortcut_again_on_the_slow_path(tmp_pat
         first = verdict.failures[0]
         assert first.startswith("a shortcut passed a failing plan: through the start from the reference's copy"), first
         assert "warm start" in run.shortcuts["used"] and runner.shortcuts.off(cold_only) is not None
-    with ChaosRunner(ROOT, workdir=tmp_path / "unaudited") as runner:
+    with Session(ROOT, workdir=tmp_path / "unaudited") as runner:
         _, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), prefix=True)
         assert verdict.passed, "without the audit the warm pass stands (what the audit is for)"
 
@@ -138,7 +143,7 @@ def test_the_audit_runs_passes_through_a_shortcut_again_on_the_slow_path(tmp_pat
 def test_a_sessions_runs_folder_is_its_own_users_alone(tmp_path):
     """The kept checkpoints of failing runs (and the copies plans start from) live below it: a
     folder the session makes is 0700, so no other local user reads a job's checkpoints there."""
-    with ChaosRunner(ROOT, workdir=tmp_path / "report" / "runs" / "stamp") as runner:
+    with Session(ROOT, workdir=tmp_path / "report" / "runs" / "stamp") as runner:
         assert runner.workdir.stat().st_mode & 0o777 == 0o700
         (runner.workdir / "kept").mkdir()  # so the folder outlives the session, as a failure's does
     assert (tmp_path / "report" / "runs" / "stamp").stat().st_mode & 0o777 == 0o700
@@ -156,7 +161,7 @@ def test_a_search_shrinks_through_its_shortcuts_and_settles_the_plan_it_reports_
 
     settings = ExploreSettings(max_examples=3, seed=1)
     warm_only, broken = job("broken_warm_only.py", "warm-only"), job("broken_no_optimizer_restore.py", "no-opt")
-    with ChaosRunner(ROOT, workdir=tmp_path / "runs") as runner:
+    with Session(ROOT, workdir=tmp_path / "runs") as runner:
         with pytest.raises(ChaosFailure) as caught:
             explore(runner, warm_only, settings=settings)
         first = caught.value.verdict.failures[0]
@@ -166,3 +171,53 @@ def test_a_search_shrinks_through_its_shortcuts_and_settles_the_plan_it_reports_
         assert not caught.value.verdict.failures[0].startswith("the "), caught.value.verdict.failures  # no disagreement
         assert "failed on the slow path too" in runner.shortcuts.off(broken)
         assert runner.shortcuts.take_deferred(broken, caught.value.plan) is None, "the reported plan was settled"
+
+
+@pytest.mark.unit
+def test_a_crash_point_that_never_fired_through_a_shortcut_is_explained_not_a_disagreement():
+    """A shortcut's runs whose only failure is a crash point that never fired tested nothing: when the
+    slow path fires it and passes, the pass stands and the report says why (the main job's false
+    alarm of lightning-async, issue 59). A stand-in core: a crash point that misses from a copy and
+    fires from step 0 cannot be made to happen on purpose."""
+    from spotchaos.core.judging import slow_judged
+    from spotchaos.training.shortcuts import Judged, Shortcuts
+    from spotchaos.training.trajectory import RunRecord
+    from spotchaos.training.verdict import Verdict
+
+    plan = Plan.parse("crash@11+6")
+    missed = "crash@11+6 never fired: attempt 0 made fewer than 6 file-system events after step 11 (...)"
+
+    def verdict(failures: list[str]) -> Verdict:
+        return Verdict(not failures, failures, None, [], [], [], 0, [], 24)
+
+    def record(unfired: list[str]) -> RunRecord:
+        return RunRecord(job="j", plan=str(plan), attempts=[], wall_seconds=0, workdir="", unfired=unfired)
+
+    class Core:  # what slow_judged asks of a core
+        def __init__(self, slow_failures: list[str]) -> None:
+            self.slow_failures = slow_failures
+            self.prefixes, self.shortcuts = self, Shortcuts()
+
+        def judged(self, job, plan, start):
+            return Judged(record([]), verdict(self.slow_failures))
+
+        def failed(self, *args) -> None:
+            pass
+
+        def discard(self, record) -> None:
+            pass
+
+        def reference(self, job):
+            return None
+
+    job = JobSpec(name="async", command=("python", "job.py"))
+    fast_record = record([missed])
+    fast_record.missed_tries = [missed, missed]
+    fast = Judged(fast_record, verdict([f"planned fault {missed}"]), used=("reference's checkpoint copy",))
+    core = Core([])
+    ran, passed = slow_judged(core, job, plan, fast, None)
+    assert passed.passed
+    assert "crash@11+6 never fired through it in 3 run(s)" in ran.shortcuts["explained"], ran.shortcuts
+    elsewhere = Judged(record([]), verdict(["final weights differ"]), used=("warm start",))
+    assert not slow_judged(Core([]), replace(job, name="other"), plan, elsewhere, None)[1].passed  # not a miss
+    assert not slow_judged(Core(["the loss diverged"]), replace(job, name="third"), plan, fast, None)[1].passed

@@ -10,7 +10,7 @@ import pytest
 
 from spotchaos.config.jobs import JobSpec
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 from spotchaos.training.state.confined.state_diff import diff
 
 from .helpers import FIXTURES
@@ -261,3 +261,32 @@ def test_a_scenario_that_fails_on_a_leading_plan_reports_the_plans_it_ran(runner
             settings=ExploreSettings(max_examples=3, seed=1),
         )
     assert record.plans_tried >= 1 and not record.passed
+
+
+@pytest.mark.unit
+def test_a_jobs_own_arguments_stored_as_its_restart_got_them_are_no_state_not_restored(tmp_path):
+    """nanoGPT keeps its config (``init_from``) in its checkpoint, a Hugging Face script its args
+    (``resume_from_checkpoint``): a restart's command adds those options, so the resumed run's
+    checkpoint stores other values for them. Arguments both commands share are compared as ever."""
+    import torch
+
+    from spotchaos.training.state.diff import DiffRules, compare, restart_flags
+
+    command = ("python", "train.py", "--lr=0.1", "--out", "{checkpoint_dir}")
+    flags = restart_flags(command, ("--init_from=resume", "--resume-from-checkpoint", "{latest_checkpoint}"), None)
+    assert flags == {"init_from", "resume_from_checkpoint"}
+    assert restart_flags(command, (), ("python", "train.py", "--lr=0.2", "--out", "{checkpoint_dir}")) == {"lr"}
+    stored = {"w": torch.ones(2), "config": {"init_from": "scratch", "resume_from_checkpoint": None, "lr": 0.1}}
+    resumed = {**stored, "config": {"init_from": "resume", "resume_from_checkpoint": "step_5.pt", "lr": 0.1}}
+    for run, state in (("ref", stored), ("chaos", resumed)):
+        (tmp_path / run / "a1-s9").mkdir(parents=True)
+        (tmp_path / run / "a0-s9").mkdir(parents=True)
+        torch.save(state, tmp_path / run / "a1-s9" / "ckpt.pt")
+        torch.save(stored, tmp_path / run / "a0-s9" / "ckpt.pt")
+    assert compare(tmp_path / "ref", tmp_path / "chaos", confined=None, rules=DiffRules(restart_flags=flags)) is None
+    found = compare(tmp_path / "ref", tmp_path / "chaos", confined=None)
+    assert found is not None and set(found.entries) == {"config.init_from", "config.resume_from_checkpoint"}, found
+    changed = {**resumed, "config": {**resumed["config"], "lr": 0.2}}  # an argument both share, stored otherwise
+    torch.save(changed, tmp_path / "chaos" / "a1-s9" / "ckpt.pt")
+    found = compare(tmp_path / "ref", tmp_path / "chaos", confined=None, rules=DiffRules(restart_flags=flags))
+    assert found is not None and found.entries == ["config.lr"], found

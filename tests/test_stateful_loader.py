@@ -12,7 +12,7 @@ import pytest
 
 from spotchaos.config.jobs import JobSpec, load_settings
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 
 from .helpers import FIXTURES, ROOT
 

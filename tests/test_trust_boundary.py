@@ -23,7 +23,7 @@ from spotchaos.config.jobs import JobSpec
 from spotchaos.errors import ConfigError, JobError
 from spotchaos.faults.checkpoint import UnsafeCheckpoint
 from spotchaos.faults.plan import Plan
-from spotchaos.runner import ChaosFailure
+from spotchaos.session import ChaosFailure
 from spotchaos.training.engine.run import EngineOptions, run_job
 
 from .helpers import FIXTURES, ROOT, hostile_pickle_job, is_alive, run_pytest, sigint_as_from_a_terminal

@@ -197,6 +197,14 @@ def damaged(resume_from, *, rollback=True, fault="truncate-half", unloadable=Tru
     return chaos
 
 
+def test_a_one_file_checkpoints_damage_names_its_path_once():
+    """``truncate-half on ckpt.pt/ckpt.pt`` named a one-file checkpoint twice (issue 60)."""
+    chaos = damaged(5, rollback=False)
+    chaos.attempts[0].damage.checkpoint, chaos.attempts[0].damage.file = "/run/checkpoints/ckpt.pt", "ckpt.pt"
+    text = judge(REFERENCE, chaos).message()
+    assert "truncate-half on ckpt.pt (1 -> 0 bytes)" in text and "ckpt.pt/ckpt.pt" not in text
+
+
 def test_resuming_from_an_untouched_copy_of_the_damaged_step_beside_it_is_no_bad_load():
     """Lightning saves a step twice (epoch=E-step=S.ckpt and last.ckpt): one damaged, the other whole."""
     verdict = judge(REFERENCE, damaged(5, rollback=False, uri="file:///run/checkpoints/last.ckpt"))
@@ -235,7 +243,30 @@ def test_a_crash_that_leaves_nothing_loadable_names_the_crash_point():
         attempt(0, first, code=-9, fault=crash), attempt(1, [*(step(i, lr=0.1 * i) for i in range(10)), final()])
     )
     text = judge(REFERENCE, chaos).message()
-    assert "crash before os.rename ckpt-7 (file-system event 9) in attempt 0 left neither the old nor the new" in text
+    # the restart reported no rollback: that nothing was loadable is not proven, and not said (issue 60)
+    assert "crash before os.rename ckpt-7 (file-system event 9) in attempt 0: attempt 1 started from scratch" in text
+    assert "whether none was loadable or none was looked for is not known" in text
+    assert "left neither" not in text
+    skipped = {"event": "rollback", "skipped_uri": "file:///c/ckpt-5", "t": 0.0, "step": -1}
+    chaos.attempts[1].events.insert(0, skipped)
+    text = judge(REFERENCE, chaos).message()
+    assert "left neither the old nor the new checkpoint loadable: attempt 1 found ckpt-5 damaged" in text
+
+
+def test_a_counter_that_restarts_each_epoch_is_no_resume_point():
+    """A script whose step counter restarts per epoch and reports no resume point: its restart's
+    first step line (0) is no evidence that it started from scratch (issue 60: "resumed after step
+    -1 ... work was lost silently" of a job that resumed right)."""
+    per_epoch = record(attempt(0, [*(step(i % 4, lr=0.0) for i in range(8)), ckpt(3), final()]))
+    chaos = record(
+        attempt(
+            0, [*(step(i, lr=0.0) for i in range(4)), ckpt(3)], code=-9, fault=FaultRecord("sigkill", 3, 3, 1.0, 1.0)
+        ),
+        attempt(1, [*(step(i, lr=0.0) for i in range(4)), final()]),
+    )
+    text = judge(per_epoch, chaos).message()
+    assert "where attempt 1 resumed is unknown: its first step line said step 0" in text
+    assert "work was lost silently" not in text
 
 
 def test_rollback_past_an_intact_checkpoint_is_a_failure_and_a_rollback_to_it_is_not():

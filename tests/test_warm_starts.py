@@ -26,7 +26,7 @@ from spotchaos.host.processes import carries, is_running, start_time
 from spotchaos.host.warm.pool import ColdStart, WarmStarts, plan_launch
 from spotchaos.record import ScenarioRecord
 from spotchaos.report.gate_cost import cost_line
-from spotchaos.runner import ChaosRunner
+from spotchaos.session import Session
 
 from .helpers import ROOT
 from .test_fault_landing import fast_reference
@@ -286,7 +286,7 @@ def test_a_job_whose_resume_depends_on_string_hashing_fails_warm_as_it_fails_col
     command = ("python", script, "--steps", "16", "--step-seconds", "0")
     job = JobSpec(name="set-ordered", command=command, grace_seconds=10, state_diff=False)
     for warm in (True, False):
-        with ChaosRunner(ROOT, workdir=tmp_path / f"warm-{warm}", warm=warm, prefix=False) as runner:
+        with Session(ROOT, workdir=tmp_path / f"warm-{warm}", warm=warm, prefix=False) as runner:
             # judged as it ran, without the shortcuts' rule (a warm failure is judged again cold)
             judged = runner.judged(job, Plan.parse("sigterm@6"), None)
             kinds = {a.start_kind.split(" ")[0] for a in judged.record.attempts}
@@ -355,7 +355,7 @@ def test_a_gate_runs_its_attempts_warm_and_its_reference_cold_and_off_means_cold
     cold_job = job_from_mapping(
         "cold-reference", {"command": list(job.command), "warm": False, "grace_seconds": 10}, "test"
     )
-    with ChaosRunner(ROOT, workdir=tmp_path / "off", warm=False) as off:
+    with Session(ROOT, workdir=tmp_path / "off", warm=False) as off:
         run, verdict = off.run(cold_job, Plan.parse("sigkill@5"))
         assert verdict.passed and {a.start_kind for a in run.attempts} == {"cold"}
     with pytest.raises(Exception, match=r"warm: must be true or false"):

@@ -26,7 +26,7 @@ from ..errors import BackendError
 from ..host.gpu import gpus_present
 from ..host.gpu_leases import GpuUnavailable
 from ..safety.safefs import create_new
-from .base import LaunchSpec
+from .base import Backend, Handle, LaunchSpec
 
 LABEL_SESSION = "spotchaos.session"
 LABEL_OWNER = "spotchaos.owner"  # host:pid of the pytest process that started it
@@ -125,7 +125,7 @@ class DockerSession:
                     container.remove(force=True)
 
 
-class DockerBackend:
+class DockerBackend(Backend):
     """Runs each attempt of one job in a container of its image."""
 
     name = "docker"
@@ -216,7 +216,7 @@ def _status_to_exit(code: int) -> int:
     return -(code - 128) if 128 < code <= 128 + 64 else code
 
 
-class DockerHandle:
+class DockerHandle(Handle):
     """One attempt as a running container."""
 
     def __init__(self, container: Any, spec: LaunchSpec) -> None:

@@ -14,17 +14,29 @@ import signal
 import subprocess
 
 from ..errors import BackendError
-from ..host.processes import become_subreaper, group_members, kill_group_until_gone, own_leaders, start_time
+from ..host.processes import (
+    Delivery,
+    become_subreaper,
+    group_members,
+    kill_group_until_gone,
+    own_leaders,
+    signal_tree,
+    start_time,
+)
 from ..host.warm.pool import ColdStart, WarmHandle, WarmStarts
 from ..safety.safefs import create_new
-from .base import LaunchSpec
+from .base import Backend, Handle, LaunchSpec
 
 
-class SubprocessHandle:
+class SubprocessHandle(Handle):
     """One attempt running as the leader of its own process group."""
 
-    def __init__(self, process: subprocess.Popen, logs: list, start_kind: str = "cold") -> None:
+    def __init__(
+        self, process: subprocess.Popen, logs: list, start_kind: str = "cold", marker: str | None = None
+    ) -> None:
         self.start_kind = start_kind
+        self.marker = marker  # NAME=value every process of the attempt inherits
+        self.delivery: Delivery | None = None  # what the last signal to the whole job reached
         self._process = process
         self._logs = logs
         self._cleaned = False
@@ -36,15 +48,18 @@ class SubprocessHandle:
         return self._process.pid
 
     def notify(self, signum: int, *, whole_group: bool) -> None:
-        try:
-            if whole_group:
-                os.killpg(self.pid, signum)
-            else:
-                self._process.send_signal(signum)
-        except ProcessLookupError:
-            pass  # already gone: the notice arrived too late to matter
+        if whole_group:
+            self.delivery = signal_tree(self.pid, signum, self.marker)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self._process.send_signal(signum)  # already gone: the notice arrived too late to matter
 
     def kill(self) -> None:
+        self.delivery = signal_tree(self.pid, signal.SIGKILL, self.marker)
+
+    def end_group(self) -> None:
+        """SIGKILL to the process group alone: the cleanup's, which leaves a process that left the
+        group to ``end_escaped`` to find, end and report as escaped."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
 
@@ -70,7 +85,7 @@ class SubprocessHandle:
         self._cleaned = True
 
 
-class SubprocessBackend:
+class SubprocessBackend(Backend):
     """Runs each attempt as a local process group: forked from the job's warm interpreter where
     ``warm`` has one for it (the attempt's ``start_env``), else started cold."""
 
@@ -111,13 +126,14 @@ class SubprocessBackend:
             stderr.close()
             raise BackendError(f"could not start {spec.argv[0]!r}: {exc.strerror or exc}") from None
         own_leaders.add(process.pid)
-        return SubprocessHandle(process, [stdout, stderr], cold)
+        return SubprocessHandle(process, [stdout, stderr], cold, spec.marker)
 
     def _warm(self, spec: LaunchSpec, stdout, stderr) -> WarmHandle:
         assert self.warm is not None and spec.start_env is not None
         handle = self.warm.start(
             spec.argv, spec.env, spec.start_env, spec.cwd, spec.preload, stdout.fileno(), stderr.fileno()
         )
+        handle.marker = spec.marker
         stdout.close()  # the attempt holds its own copies
         stderr.close()
         return handle

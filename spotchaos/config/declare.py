@@ -16,6 +16,7 @@ from ..errors import ConfigError
 
 PYTHON_ALIASES = ("python", "python3")  # a command's first word that means the interpreter running pytest
 JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+PHASE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")  # a phase a job marks: probe.phase(NAME), plan sigterm@S/NAME
 
 
 def command_of(value: Any, where: str) -> tuple[str, ...]:

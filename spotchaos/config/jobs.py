@@ -20,9 +20,12 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..safety.redact import secret_values
+from . import exit_status
 from .container import ContainerSpec, container_from_mapping
-from .declare import JOB_NAME, PYTHON_ALIASES, checked_table, command_of, only_known
+from .declare import JOB_NAME, PHASE_NAME, PYTHON_ALIASES, checked_table, command_of, only_known
+from .launchers import KINDS, LAUNCHERS, LauncherKind
 from .logspec import LogSpec, log_from_mapping
+from .placeholders import check_latest
 from .presets import GRACE_WINDOWS, MTBF_PRESETS
 from .prices import MAX_PRICE, PRICE_KEYS, CostInputs
 
@@ -31,8 +34,6 @@ MODULE_NAME = re.compile(r"\??[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 STORAGES = ("local", "s3")
 EXACTNESS = ("bit", "envelope")
 BACKENDS = ("subprocess", "ray")
-LAUNCHERS = ("python", "torchrun", "ray-train")
-MULTI_RANK_LAUNCHERS = ("torchrun", "ray-train")
 FRAMEWORKS = ("transformers", "lightning", "accelerate")
 
 
@@ -54,6 +55,13 @@ class JobSpec:
     event_timeout_seconds: float = 60.0
     attempt_timeout_seconds: float = 1800.0
     provider: str | None = None  # aws, gcp, azure, alibaba-pai-eas, kubernetes
+    # where the job runs, for what it reads of the exit after a notice: kubernetes-job, wandb-sweep,
+    # skypilot, slurm-requeue (config/exit_status.py); and the exit it must make: 0, "nonzero", 143, "any"
+    platform: str | None = None
+    exit_after_notice: int | str | None = None
+    slurm_signal: str = "USR1@10"  # on a Slurm platform: the warning signal and its lead before SIGTERM
+    # the job's own hang watchdog: a hung collective ends it, non-zero, within this many seconds
+    watchdog_seconds: float | None = None
     overhead_budget: float = 0.05  # checkpoint time / training time
     # the longest one checkpoint may hold training up under storage faults (a SlowDown storm):
     # finish within it, or give up and say so (probe.checkpoint_failed)
@@ -79,6 +87,9 @@ class JobSpec:
     # None: on for one process, off for ranks (a DCP .metadata holds a save's own id), true turns it on.
     state_diff: bool | None = None
     state_diff_ignore: tuple[str, ...] = ()
+    # the phases the job marks with its probe's phase(NAME) ("eval", "save"): the built-in scenario
+    # lands a notice and a kill inside each (plan sigterm@S/eval), where real notices come too
+    phases: tuple[str, ...] = ()
     parametrize: bool = True  # False: only tests that name it (@pytest.mark.spotchaos(jobs=[...])) get it
     storage: str = "local"  # "s3": checkpoints go to s3://<fresh bucket>/ckpt on the harness's moto
     # "torchrun": the command runs under torchrun (TorchElastic), nproc_per_node ranks on each of
@@ -127,123 +138,22 @@ class JobSpec:
     source: str = "python"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not JOB_NAME.fullmatch(self.name):
-            raise ConfigError(
-                f"job name {self.name!r}: use letters, digits, '.', '_' and '-' (at most 64, not starting with "
-                "'.' or '-'): the name becomes part of file, directory and container names"
-            )
-        if not self.command:
-            raise ConfigError(f"{self.where('command')}: must not be empty")
-        if self.provider is not None and self.provider not in GRACE_WINDOWS:
-            known = ", ".join(GRACE_WINDOWS)
-            raise ConfigError(f"{self.where('provider')}: unknown provider {self.provider!r} (known: {known})")
-        if self.grace_seconds is None:
-            object.__setattr__(self, "grace_seconds", GRACE_WINDOWS.get(self.provider or "", 30.0))
-        for key in (
-            "grace_seconds",
-            "start_timeout_seconds",
-            "event_timeout_seconds",
-            "attempt_timeout_seconds",
-            "checkpoint_budget_seconds",
-        ):
-            _check_number(getattr(self, key), self.where(key), "a number of seconds", 0, 1e6)
-        _check_number(self.overhead_budget, self.where("overhead_budget"), "a fraction such as 0.05", 0, 0.9)
-        if self.mtbf_seconds is not None:
-            _check_number(self.mtbf_seconds, self.where("mtbf_seconds"), "seconds (at least 60)", 59.999, 1e9)
-        for key in PRICE_KEYS:
-            value = getattr(self.cost, key)
-            if value is not None:
-                _check_number(value, self.where(f"cost.{key}"), "a price", -1e-12, MAX_PRICE)
-        if self.resume_if_exists is not None and (
-            not isinstance(self.resume_if_exists, str)
-            or not self.resume_if_exists
-            or self.resume_if_exists.startswith("/")
-            or ".." in self.resume_if_exists
-        ):
-            raise ConfigError(
-                f"{self.where('resume_if_exists')}: must be a glob under the checkpoint directory, "
-                f"got {self.resume_if_exists!r}"
-            )
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"{self.where('backend')}: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.backend == "ray" and self.container is not None:
-            raise ConfigError(
-                f"{self.where('backend')}: a Ray job runs in its nodes' own environment; drop image/container "
-                "(the nodes' image is the cluster's)"
-            )
-        if self.exactness not in EXACTNESS:
-            raise ConfigError(f"{self.where('exactness')}: must be 'bit' or 'envelope', got {self.exactness!r}")
-        runs = self.determinism_runs
-        if runs is not None and (not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= 20):
-            raise ConfigError(f"{self.where('determinism_runs')}: must be an integer from 1 to 20, got {runs!r}")
-        if self.exactness == "envelope" and runs == 1:
-            raise ConfigError(
-                f"{self.where('determinism_runs')}: envelope mode measures the spread of at least 2 uninterrupted "
-                "runs; leave it unset (5) or give 2 or more"
-            )
-        _check_number(self.envelope_factor, self.where("envelope_factor"), "a factor such as 4", 0.999, 1e6)
-        self._check_launcher()
-        if self.framework is not None and self.framework not in FRAMEWORKS:
-            raise ConfigError(
-                f"{self.where('framework')}: must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}"
-            )
-        steps = self.cost.production_steps
-        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
-            raise ConfigError(f"{self.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
-
-    def _check_launcher(self) -> None:
-        if self.launcher not in LAUNCHERS:
-            raise ConfigError(f"{self.where('launcher')}: must be 'python' or 'torchrun', got {self.launcher!r}")
-        for key, high in (("nproc_per_node", 64), ("nnodes", 8), ("max_restarts", 100)):
-            value = getattr(self, key)
-            low = 0 if key == "max_restarts" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ConfigError(f"{self.where(key)}: must be an integer from {low} to {high}, got {value!r}")
-        gpus = self.gpus
-        if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= 64):
-            raise ConfigError(f"{self.where('gpus')}: must be a count of GPUs from 1 to 64, got {gpus!r}")
-        reshard = self.reshard_nproc_per_node
-        if reshard is not None:
-            if not isinstance(reshard, int) or isinstance(reshard, bool) or not 1 <= reshard <= 64:
-                raise ConfigError(
-                    f"{self.where('reshard_nproc_per_node')}: must be an integer from 1 to 64, got {reshard!r}"
-                )
-            if self.launcher != "torchrun":
-                raise ConfigError(f'{self.where("reshard_nproc_per_node")}: resharding needs launcher = "torchrun"')
-        _check_shutdown_timeout(self)
-        port = self.rdzv_port
-        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535):
-            raise ConfigError(f"{self.where('rdzv_port')}: must be a port from 1024 to 65535, got {port!r}")
-        if self.hang_timeout_seconds is not None:
-            _check_number(self.hang_timeout_seconds, self.where("hang_timeout_seconds"), "a number of seconds", 0, 1e6)
-        if self.launcher == "python" and (self.nproc_per_node, self.nnodes) != (1, 1):
-            raise ConfigError(
-                f'{self.where("nproc_per_node")}: ranks need launcher = "torchrun" (one process per rank); '
-                "a plain python job is one rank"
-            )
-        if self.launcher == "ray-train":
-            _check_ray_train(self)
-        _check_notice(self)
-        if self.launcher == "torchrun" and self.container is not None:
-            raise ConfigError(
-                f"{self.where('launcher')}: torchrun jobs run as local processes for now; a container's torchrun "
-                "(docker exec per rank) is not supported yet"
-            )
-        if self.launcher == "torchrun" and self.log is not None:
-            raise ConfigError(
-                f"{self.where('log')}: a torchrun job reports per rank through the probe (RANK is read from torchrun); "
-                "the log adapter reads one process's output"
-            )
+        _validate(self)
 
     @property
     def multi_rank(self) -> bool:
         """Whether its ranks are processes of their own that each report (torchrun, Ray Train)."""
-        return self.launcher in MULTI_RANK_LAUNCHERS
+        return self.kind.multi_rank
+
+    @property
+    def kind(self) -> LauncherKind:
+        """What its launcher is, as the engine asks it (config/launchers.py)."""
+        return KINDS[self.launcher]
 
     @property
     def on_ray_cluster(self) -> bool:
         """Whether its attempts take the session's Ray cluster (the Ray backend, Ray Train's workers)."""
-        return self.backend == "ray" or self.launcher == "ray-train"
+        return self.backend == "ray" or self.kind.cluster_ranks
 
     @property
     def gpu_request(self) -> int | str | None:
@@ -258,7 +168,17 @@ class JobSpec:
 
     @property
     def hang_seconds(self) -> float:
-        return self.hang_timeout_seconds if self.hang_timeout_seconds is not None else self.event_timeout_seconds
+        """How long ranks may be silent before the harness names a hang: with the job's own
+        watchdog declared, never before it and the launcher's teardown could act (the backstop)."""
+        limit = self.hang_timeout_seconds if self.hang_timeout_seconds is not None else self.event_timeout_seconds
+        if self.watchdog_seconds is not None:
+            limit = max(limit, self.watchdog_seconds + self.teardown_seconds + 15)
+        return limit
+
+    @property
+    def teardown_seconds(self) -> float:
+        """How long torchrun's agent gives its other ranks after one fails (its --shutdown-timeout)."""
+        return float(self.shutdown_timeout_seconds) if self.shutdown_timeout_seconds is not None else 30.0
 
     @property
     def uninterrupted_runs(self) -> int:
@@ -370,6 +290,7 @@ _NUMBER_KEYS = (
     "overhead_budget",
     "checkpoint_budget_seconds",
     "hang_timeout_seconds",
+    "watchdog_seconds",
 )
 # Old names that still work, with a DeprecationWarning naming the new one (one name per concept:
 # every duration ends in _seconds).
@@ -378,6 +299,124 @@ _RENAMED = {
     "event_timeout": "event_timeout_seconds",
     "attempt_timeout": "attempt_timeout_seconds",
 }
+
+
+def _validate(job: JobSpec) -> None:
+    """Every key's value checked once, where the job is made: a message names the key and where it
+    was declared."""
+    if not isinstance(job.name, str) or not JOB_NAME.fullmatch(job.name):
+        raise ConfigError(
+            f"job name {job.name!r}: use letters, digits, '.', '_' and '-' (at most 64, not starting with "
+            "'.' or '-'): the name becomes part of file, directory and container names"
+        )
+    if not job.command:
+        raise ConfigError(f"{job.where('command')}: must not be empty")
+    if job.provider is not None and job.provider not in GRACE_WINDOWS:
+        known = ", ".join(GRACE_WINDOWS)
+        raise ConfigError(f"{job.where('provider')}: unknown provider {job.provider!r} (known: {known})")
+    if job.grace_seconds is None:
+        object.__setattr__(job, "grace_seconds", GRACE_WINDOWS.get(job.provider or "", 30.0))
+    if job.phases and job.log is not None:
+        raise ConfigError(
+            f"{job.where('phases')}: the log adapter reads no phases; a job marks them with its probe's "
+            "phase(NAME) (docs/trainer-contract.md)"
+        )
+    for key in (
+        "grace_seconds",
+        "start_timeout_seconds",
+        "event_timeout_seconds",
+        "attempt_timeout_seconds",
+        "checkpoint_budget_seconds",
+    ):
+        _check_number(getattr(job, key), job.where(key), "a number of seconds", 0, 1e6)
+    _check_number(job.overhead_budget, job.where("overhead_budget"), "a fraction such as 0.05", 0, 0.9)
+    if job.mtbf_seconds is not None:
+        _check_number(job.mtbf_seconds, job.where("mtbf_seconds"), "seconds (at least 60)", 59.999, 1e9)
+    for key in PRICE_KEYS:
+        value = getattr(job.cost, key)
+        if value is not None:
+            _check_number(value, job.where(f"cost.{key}"), "a price", -1e-12, MAX_PRICE)
+    if job.resume_if_exists is not None and (
+        not isinstance(job.resume_if_exists, str)
+        or not job.resume_if_exists
+        or job.resume_if_exists.startswith("/")
+        or ".." in job.resume_if_exists
+    ):
+        raise ConfigError(
+            f"{job.where('resume_if_exists')}: must be a glob under the checkpoint directory, "
+            f"got {job.resume_if_exists!r}"
+        )
+    if job.backend not in BACKENDS:
+        raise ConfigError(f"{job.where('backend')}: must be one of {', '.join(BACKENDS)}, got {job.backend!r}")
+    if job.backend == "ray" and job.container is not None:
+        raise ConfigError(
+            f"{job.where('backend')}: a Ray job runs in its nodes' own environment; drop image/container "
+            "(the nodes' image is the cluster's)"
+        )
+    if job.exactness not in EXACTNESS:
+        raise ConfigError(f"{job.where('exactness')}: must be 'bit' or 'envelope', got {job.exactness!r}")
+    runs = job.determinism_runs
+    if runs is not None and (not isinstance(runs, int) or isinstance(runs, bool) or not 1 <= runs <= 20):
+        raise ConfigError(f"{job.where('determinism_runs')}: must be an integer from 1 to 20, got {runs!r}")
+    if job.exactness == "envelope" and runs == 1:
+        raise ConfigError(
+            f"{job.where('determinism_runs')}: envelope mode measures the spread of at least 2 uninterrupted "
+            "runs; leave it unset (5) or give 2 or more"
+        )
+    _check_number(job.envelope_factor, job.where("envelope_factor"), "a factor such as 4", 0.999, 1e6)
+    _check_launcher(job)
+    if job.framework is not None and job.framework not in FRAMEWORKS:
+        raise ConfigError(f"{job.where('framework')}: must be one of {', '.join(FRAMEWORKS)}, got {job.framework!r}")
+    steps = job.cost.production_steps
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise ConfigError(f"{job.where('cost.production_steps')}: must be a positive integer, got {steps!r}")
+
+
+def _check_launcher(job: JobSpec) -> None:
+    if job.launcher not in LAUNCHERS:
+        raise ConfigError(f"{job.where('launcher')}: must be 'python' or 'torchrun', got {job.launcher!r}")
+    for key, high in (("nproc_per_node", 64), ("nnodes", 8), ("max_restarts", 100)):
+        value = getattr(job, key)
+        low = 0 if key == "max_restarts" else 1
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ConfigError(f"{job.where(key)}: must be an integer from {low} to {high}, got {value!r}")
+    gpus = job.gpus
+    if gpus is not None and (not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= 64):
+        raise ConfigError(f"{job.where('gpus')}: must be a count of GPUs from 1 to 64, got {gpus!r}")
+    reshard = job.reshard_nproc_per_node
+    if reshard is not None:
+        if not isinstance(reshard, int) or isinstance(reshard, bool) or not 1 <= reshard <= 64:
+            raise ConfigError(
+                f"{job.where('reshard_nproc_per_node')}: must be an integer from 1 to 64, got {reshard!r}"
+            )
+        if job.launcher != "torchrun":
+            raise ConfigError(f'{job.where("reshard_nproc_per_node")}: resharding needs launcher = "torchrun"')
+    _check_shutdown_timeout(job)
+    port = job.rdzv_port
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1024 <= port <= 65535):
+        raise ConfigError(f"{job.where('rdzv_port')}: must be a port from 1024 to 65535, got {port!r}")
+    object.__setattr__(job, "slurm_signal", exit_status.slurm_signal(job.slurm_signal, job.where("slurm_signal")))
+    if job.platform is not None:  # a job declared in Python is checked as one from pyproject.toml
+        exit_status.platform(job.platform, job.where("platform"))
+    if job.exit_after_notice is not None:
+        exit_status.exit_after_notice(job.exit_after_notice, job.where("exit_after_notice"))
+    if job.watchdog_seconds is not None:
+        _check_number(job.watchdog_seconds, job.where("watchdog_seconds"), "a number of seconds", 0, 1e6)
+    if job.hang_timeout_seconds is not None:
+        _check_number(job.hang_timeout_seconds, job.where("hang_timeout_seconds"), "a number of seconds", 0, 1e6)
+    if job.launcher == "python" and (job.nproc_per_node, job.nnodes) != (1, 1):
+        raise ConfigError(
+            f'{job.where("nproc_per_node")}: ranks need launcher = "torchrun" (one process per rank); '
+            "a plain python job is one rank"
+        )
+    if job.launcher == "ray-train":
+        _check_ray_train(job)
+    _check_notice(job)
+    if job.launcher == "torchrun" and job.container is not None:
+        raise ConfigError(
+            f"{job.where('launcher')}: torchrun jobs run as local processes for now; a container's torchrun "
+            "(docker exec per rank) is not supported yet"
+        )
 
 
 def _check_ray_train(job: JobSpec) -> None:
@@ -491,6 +530,12 @@ def _storage(value: Any, where: str) -> str:
     return value
 
 
+def _phases(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and PHASE_NAME.fullmatch(p) for p in value):
+        raise ConfigError(f"{where}: must be a list of the phases the job marks with probe.phase(NAME): ['eval']")
+    return tuple(dict.fromkeys(value))
+
+
 def _ignore_patterns(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
         raise ConfigError(f"{where}: must be a list of patterns such as 'trainer.pt:timestamp'")
@@ -533,7 +578,11 @@ _PARSED_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "resume_args": ("resume_args", command_of),
     "state_diff": ("state_diff", _flag),
     "state_diff_ignore": ("state_diff_ignore", _ignore_patterns),
+    "phases": ("phases", _phases),
     "ray_resources": ("ray_resources", _ray_resources),
+    "platform": ("platform", exit_status.platform),
+    "exit_after_notice": ("exit_after_notice", exit_status.exit_after_notice),
+    "slurm_signal": ("slurm_signal", exit_status.slurm_signal),
 }
 _JOB_KEYS = {
     "command",
@@ -569,6 +618,7 @@ def job_from_mapping(name: str, table: Mapping[str, Any], source: str) -> JobSpe
             table["image"], table.get("container"), f"{source} [tool.spotchaos.jobs.{name}]"
         )
     resume = table.get("resume_command")
+    check_latest(command_of(table["command"], where("command")), env.values(), cwd, where("command"))
     return JobSpec(
         name=name,
         command=command_of(table["command"], where("command")),

@@ -4,5 +4,5 @@ A family is a set of scenarios that change for the same reason: ``preemption`` (
 kills and checkpoint damage, judged against the reference), ``crashpoints`` (kills inside the
 job's own checkpoint writes and loads), ``budgets`` (checkpoint overhead, notice flush) and
 ``storage`` (S3 faults and refused credentials). Each is plain functions over a
-:class:`~spotchaos.session.SessionCore`; a new family is a new module, not a longer class.
+:class:`~spotchaos.session.Core`; a new family is a new module, not a longer class.
 """

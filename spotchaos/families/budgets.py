@@ -12,10 +12,10 @@ from ..budgets.cost import estimate
 from ..budgets.overhead import measure_overhead, notice_flushes
 from ..config.jobs import JobSpec
 from ..config.presets import MTBF_PRESETS
+from ..core import Core
 from ..errors import ScenarioFailure
 from ..faults.plan import Plan, Preemption
 from ..record import note_figures, note_plans
-from ..session import SessionCore
 from ..training.engine.warmth import RESTARTS_COLD
 from ..training.trajectory import RunRecord
 from .preemption import ChaosFailure
@@ -27,12 +27,12 @@ class BudgetFailure(ScenarioFailure):
     """A time budget (checkpoint overhead, notice flush) was exceeded, or could not be measured."""
 
 
-def fresh_run(core: SessionCore, job: JobSpec) -> RunRecord:
+def fresh_run(core: Core, job: JobSpec) -> RunRecord:
     """One more uninterrupted run (the overhead scenario measures on it)."""
     return core.run_once(job, Plan(), "measure")
 
 
-def measured_run(core: SessionCore, job: JobSpec, measure: Measure | None = None) -> RunRecord:
+def measured_run(core: Core, job: JobSpec, measure: Measure | None = None) -> RunRecord:
     """The uninterrupted run the overhead is read from: the reference run itself, whose steps and
     checkpoints carry the seconds the job measured (the harness's holds after its checkpoints fall
     outside both); one more run only where ``measure`` (pytest-benchmark keeping its figures) times it."""
@@ -47,7 +47,7 @@ def notice_step(reference: RunRecord) -> int:
     return max(0, total // 2 - 1) if late is None else late + max(1, (total - 1 - late) // 2)
 
 
-def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:
+def timing_run(core: Core, job: JobSpec) -> RunRecord:
     """A run with one SIGTERM late in the job, cached per job: notice flush and restart latency.
 
     It must itself pass every verdict; figures from a run that did not resume are meaningless.
@@ -57,16 +57,16 @@ def timing_run(core: SessionCore, job: JobSpec) -> RunRecord:
     restart are the same wherever.
     """
     key = ("timing", job.key())
-    if key not in core.cache:
+    if key not in core.measured:
         plan = Plan((Preemption(notice_step(core.reference(job)), "sigterm"),))
         record, verdict = core.run(replace(job, warm=RESTARTS_COLD), plan, prefix=True)
         if not verdict.passed:
             raise ChaosFailure(job.name, plan, verdict, record.workdir)
-        core.cache[key] = record
-    return core.cache[key]
+        core.measured[key] = record
+    return core.measured[key]
 
 
-def check_overhead(core: SessionCore, job: JobSpec, measure: Measure | None = None) -> dict[str, Any]:
+def check_overhead(core: Core, job: JobSpec, measure: Measure | None = None) -> dict[str, Any]:
     """Checkpoint overhead against ``job.overhead_budget``, plus interval advice and cost.
 
     ``measure`` wraps one more uninterrupted run to measure on (the plugin passes pytest-benchmark's
@@ -116,7 +116,7 @@ def check_overhead(core: SessionCore, job: JobSpec, measure: Measure | None = No
     return figures
 
 
-def check_notice_flush(core: SessionCore, job: JobSpec) -> None:
+def check_notice_flush(core: Core, job: JobSpec) -> None:
     """SIGTERM to durable checkpoint must take at most half the grace window."""
     flushes = notice_flushes(timing_run(core, job))
     failed = [f for f in flushes if not f.passed]

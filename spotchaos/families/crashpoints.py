@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from ..config.jobs import JobSpec
+from ..core import Core
 from ..errors import SpotchaosError
 from ..faults.plan import Plan, Preemption
-from ..session import SessionCore
 from ..training.engine.attempt import read_fs_events
 from ..training.engine.options import FS_EVENTS
 from ..training.trajectory import RunRecord
 
 
 def trace(
-    core: SessionCore, job: JobSpec, plan: Plan, *, prefix: bool = False
+    core: Core, job: JobSpec, plan: Plan, *, prefix: bool = False
 ) -> tuple[RunRecord, list[list[dict[str, Any]]]]:
     """Run with every file-system event under the checkpoint directory logged, per attempt that
     ran (``prefix``: from the reference's checkpoint before the plan's first fault, where it can;
@@ -39,7 +39,7 @@ def trace(
     return record, logs
 
 
-def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
+def save_boundaries(core: Core, job: JobSpec) -> list[dict[str, Any]]:
     """Every file-system event of one checkpoint save of the uninterrupted run: the first save
     that also rotates an old checkpoint away, else the last save. Each is a crash point.
 
@@ -62,17 +62,25 @@ def save_boundaries(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
     return rotating[0] if rotating else windows[-1]
 
 
-def save_crash_points(core: SessionCore, job: JobSpec) -> list[Plan]:
+def save_crash_points(core: Core, job: JobSpec) -> list[Plan]:
     """A crash point before each file-system event of one save (``save_boundaries``): counted from
-    the step the job reported before it (``crash@S+N``) where the job takes the reference's prefix,
-    so the plan starts from the copy of the checkpoint before that save instead of from step 0;
-    counted from the attempt's start (``crash@N``) otherwise (a background thread's save may
-    straddle a step's report: only the count from the start is as stable for it)."""
+    the step the job reported before the save's first event (``crash@S+N``) where the job takes the
+    reference's prefix, so the plan starts from the copy of the checkpoint before that save instead
+    of from step 0; counted from the attempt's start (``crash@N``) otherwise.
+
+    Every point of one save counts from the same step, the one before the save began: a save
+    written in a thread ends one step or another by its timing, and a count from a later step
+    would miss its events in a run that wrote faster (the hook's count runs on across steps)."""
     plans = []
     reference = core.reference(job)
-    for boundary in save_boundaries(core, job):
-        step, since = boundary.get("step"), boundary.get("since")
-        relative = Plan((Preemption(since, "crash", after_step=step),)) if _counts(step) and _counts(since) else None
+    boundaries = save_boundaries(core, job)
+    first = boundaries[0]
+    anchor, since = first.get("step"), first.get("since")
+    counted = _counts(anchor) and _counts(since) and since >= 1
+    for boundary in boundaries:
+        relative = None
+        if counted:  # the events since step ``anchor``'s report: those before the save's first, then its own
+            relative = Plan((Preemption(boundary["index"] - first["index"] + since, "crash", after_step=anchor),))
         if relative is not None and core.prefixes.start(job, relative, reference) is not None:
             plans.append(relative)
         else:
@@ -84,9 +92,9 @@ def _counts(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _reference_trace(core: SessionCore, job: JobSpec) -> tuple[RunRecord, list[list[dict[str, Any]]]] | None:
+def _reference_trace(core: Core, job: JobSpec) -> tuple[RunRecord, list[list[dict[str, Any]]]] | None:
     """The reference's own file-system events, where it logged them (a job that takes prefixes
-    does: ``session._cached_or_trained``): the uninterrupted run a save's crash points are read from."""
+    does: ``core/references.py``): the uninterrupted run a save's crash points are read from."""
     reference = core.reference(job)
     log = Path(reference.workdir) / "attempt-0" / FS_EVENTS
     return (reference, [read_fs_events(log)]) if os.path.lexists(log) else None
@@ -127,7 +135,7 @@ def _log_save_windows(events: list[dict[str, Any]], log: list[dict[str, Any]]) -
     return windows
 
 
-def resume_boundaries(core: SessionCore, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
+def resume_boundaries(core: Core, job: JobSpec) -> tuple[Preemption, list[dict[str, Any]]]:
     """The reads of a restart that loads a checkpoint: a hard kill right after the newest checkpoint
     that leaves the job two steps to run, then the resume traced. Late in the job, so the traced run
     and every plan crashing in that load start from the reference's copy of that checkpoint (where

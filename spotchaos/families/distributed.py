@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from ..config.jobs import JobSpec
+from ..core import Core
 from ..errors import ConfigError, SpotchaosError
 from ..faults.plan import Plan, Preemption
 from ..record import note_figure_row, note_figures, note_run
-from ..session import SessionCore
 from ..training.engine.attempt import read_fs_events
 from ..training.engine.options import FS_EVENTS
 from ..training.multirank.rank_verdict import judge_ranks, rank_view, restored_differences, sample_coverage
@@ -32,11 +32,11 @@ SHARD_FILES = re.compile(r"(\.distcp|(?:^|/)(?:bf16_)?zero_pp_rank_\d+_mp_rank_\
 
 
 def _require_torchrun(job: JobSpec, what: str) -> None:
-    if job.launcher != "torchrun" or job.world_size < 2:
+    if not job.kind.local_ranks or job.world_size < 2:
         raise ConfigError(f"{what} needs a torchrun job with at least 2 ranks: {job.where('launcher')}")
 
 
-def shard_crash_point(core: SessionCore, job: JobSpec, rank: int) -> int:
+def shard_crash_point(core: Core, job: JobSpec, rank: int) -> int:
     """The file-system event at which ``rank`` opens its shard of the second checkpoint save
     (the first may have nothing to fall back to): a crash there lands between its shard and the
     coordinator's ``.metadata``."""
@@ -61,7 +61,7 @@ def shard_crash_point(core: SessionCore, job: JobSpec, rank: int) -> int:
     )
 
 
-def rank_save_points(core: SessionCore, job: JobSpec) -> list[dict[str, Any]]:
+def rank_save_points(core: Core, job: JobSpec) -> list[dict[str, Any]]:
     """The crash points of a multi-rank save: every file-system event each rank makes in the
     job's second checkpoint save (the first may have nothing to fall back to), numbered per rank
     as ``crash-rankR@N`` counts them, from the save's first event to the next save's. Each is
@@ -136,7 +136,7 @@ def rank_crash_plans(points: list[dict[str, Any]]) -> tuple[list[Plan], list[Pla
     return first, every
 
 
-def check_shard_crash(core: SessionCore, job: JobSpec, rank: int = 1) -> Verdict:
+def check_shard_crash(core: Core, job: JobSpec, rank: int = 1) -> Verdict:
     """Kill ``rank`` as it starts writing its shard of a checkpoint, before the ``.metadata``
     exists: the restart must resume from the previous complete checkpoint, bit-exact."""
     _require_torchrun(job, "a shard crash")
@@ -144,7 +144,7 @@ def check_shard_crash(core: SessionCore, job: JobSpec, rank: int = 1) -> Verdict
     return check(core, job, plan)
 
 
-def check_reshard(core: SessionCore, job: JobSpec, resume_nproc: int) -> dict[str, Any]:
+def check_reshard(core: Core, job: JobSpec, resume_nproc: int) -> dict[str, Any]:
     """Preempt ``job`` mid-epoch and resume it on ``resume_nproc`` ranks per node: the steps before
     the preemption bit-exact, the restored tensors equal to the saved ones bit for bit, every
     sample of every epoch seen exactly once across the resume, and the training finished."""
@@ -227,7 +227,7 @@ def _verdict(failures: list[str], missing: list[int], reference_steps: int, prec
     )
 
 
-def determinism_baseline(core: SessionCore, job: JobSpec, worlds: tuple[int, ...] = (2,)) -> list[dict[str, Any]]:
+def determinism_baseline(core: Core, job: JobSpec, worlds: tuple[int, ...] = (2,)) -> list[dict[str, Any]]:
     """Per world size: do two uninterrupted runs agree bit for bit, and does a preempted one
     resume bit-exact? Reported, so a multi-rank divergence is never blamed on the resume when the
     job is not deterministic at that size (DDP's bucket order may change from 3 ranks)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..config.exit_status import SLURM
 from ..config.jobs import JobSpec
 from ..errors import ConfigError
 
@@ -29,15 +30,15 @@ NEEDS = {
     for need in (
         Need(
             "ranks",
-            lambda job: job.launcher == "torchrun" and job.world_size >= 2,
+            lambda job: job.kind.local_ranks and job.world_size >= 2,
             lambda job: (
                 f'needs a multi-rank job: launcher = "torchrun" with 2 or more ranks; {job.name!r} is '
-                + (f"launcher = {job.launcher!r}" if job.launcher != "torchrun" else f"{job.world_size} rank")
+                + (f"launcher = {job.launcher!r}" if not job.kind.local_ranks else f"{job.world_size} rank")
             ),
         ),
         Need(
             "nodes",
-            lambda job: job.launcher == "torchrun" and job.nnodes >= 2,
+            lambda job: job.kind.local_ranks and job.nnodes >= 2,
             lambda job: f"needs several nodes: nnodes = 2 or more; {job.name!r} has nnodes = {job.nnodes}",
         ),
         Need(
@@ -47,6 +48,30 @@ NEEDS = {
                 f"needs one process: its crash points count one process's file-system events; {job.name!r} runs "
                 f"{job.world_size} ranks, whose saves test_distributed.py crashes rank by rank "
                 "(test_a_rank_killed_anywhere_in_its_save_resumes_from_a_complete_checkpoint)"
+            ),
+        ),
+        Need(
+            "slurm",
+            lambda job: job.platform in SLURM,
+            lambda job: (
+                f'needs a Slurm job: platform = "slurm-requeue" or "slurm-cancel" (and slurm_signal); {job.name!r} '
+                f"has platform = {job.platform!r}"
+            ),
+        ),
+        Need(
+            "watchdog",
+            lambda job: job.watchdog_seconds is not None,
+            lambda job: (
+                f"needs the job's own hang watchdog: declare watchdog_seconds (a hung collective ends {job.name!r} "
+                "non-zero within it) if it has one"
+            ),
+        ),
+        Need(
+            "phases",
+            lambda job: bool(job.phases),
+            lambda job: (
+                f'needs phases: declare phases = ["eval", ...], those {job.name!r} marks with its probe\'s '
+                "phase(NAME), if it marks any"
             ),
         ),
         Need(

@@ -4,10 +4,10 @@ attempts) and fail unless the resumed run is bit-exact with the reference."""
 from __future__ import annotations
 
 from ..config.jobs import JobSpec
+from ..core import Core
 from ..errors import ConfigError, ScenarioFailure, SpotchaosError
 from ..faults.plan import Plan
 from ..record import note_run
-from ..session import SessionCore
 from ..training.trajectory import RunRecord
 from ..training.verdict import Verdict
 
@@ -27,7 +27,7 @@ class DamageNotApplied(SpotchaosError):
 
 
 def check(
-    core: SessionCore,
+    core: Core,
     job: JobSpec,
     plan: Plan | str,
     ran: tuple[RunRecord, Verdict] | None = None,
@@ -58,7 +58,7 @@ def check(
     return verdict
 
 
-def settle(core: SessionCore, job: JobSpec, failure: ChaosFailure) -> ChaosFailure:
+def settle(core: Core, job: JobSpec, failure: ChaosFailure) -> ChaosFailure:
     """The failure a search reports, as the slow path judges it: the same failure where its run took
     no shortcut (or was settled already), else the slow path's verdict, noted for the report."""
     settled = core.settle(job, failure.plan)

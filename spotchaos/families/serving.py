@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config.services import InstanceType, ServiceSpec
+from ..core import Core
 from ..errors import JobError, ScenarioFailure
 from ..faults.notices import MetadataNotice, SigtermNotice, channel
 from ..host.ports import free_port
@@ -31,8 +32,7 @@ from ..serving.load import Load, RequestRecord
 from ..serving.model_store import ModelStore
 from ..serving.platform import Instance
 from ..serving.readiness import ReadinessWatch
-from ..serving.verdict import DrainVerdict, judge_drain, judge_replacement, longest_gap
-from ..session import SessionCore
+from ..serving.verdict import DrainBounds, DrainTimeline, DrainVerdict, judge_drain, judge_replacement, longest_gap
 
 log = logging.getLogger("spotchaos")
 AFTER_EXIT_SECONDS = 0.5  # the load keeps knocking this long after the service is gone
@@ -65,7 +65,7 @@ def _timeline(records: list[RequestRecord], origin: float, width: float = TIMELI
     return {"width": width, "start": round(start, 4), "counts": counts}
 
 
-def run_drain(core: SessionCore, service: ServiceSpec) -> tuple[DrainVerdict, Path]:
+def run_drain(core: Core, service: ServiceSpec) -> tuple[DrainVerdict, Path]:
     """One run: start, steady state, notice, drain or kill, then the replacement on the first
     available type of the fallback order (if any); the verdict and the run's directory."""
     return _DrainRun(core, service).run()
@@ -76,7 +76,7 @@ class _DrainRun:
     (the notice's channel, instances, the balancer, the load, the readiness watch) is entered into
     one ExitStack and gone when ``run`` returns, whatever happened."""
 
-    def __init__(self, core: SessionCore, service: ServiceSpec) -> None:
+    def __init__(self, core: Core, service: ServiceSpec) -> None:
         self.core = core
         # a "module:function" factory, imported
         self.service = replace(service, request=service.request.resolve(core.root))
@@ -106,19 +106,17 @@ class _DrainRun:
             killed, exited_at, readiness = self._drain_or_kill(first, notice_at)
             records, replacement, later_failures = self._replacement(load, answered, notice_at)
         channel_note = notice.how_it_was_read(notice_at)  # how the service took a metadata notice, if at all
-        verdict = judge_drain(
-            records,
-            notice_at=notice_at,
-            exited_at=exited_at,
-            killed=killed,
-            notice_seconds=self.notice_seconds,
-            margin=self.service.drain_margin_seconds,
-            channel_note=channel_note,
+        timeline = DrainTimeline(
+            notice_at,
+            exited_at,
+            killed,
+            delivered_at=delivered_at,
             replacement_at=self.replacement_at,
             unready_at=readiness.unready_at if readiness.unready_at is not None else exited_at,
-            unready_bound=self.service.unready_bound,
-            delivered_at=delivered_at,
+            channel_note=channel_note,
         )
+        bounds = DrainBounds(self.notice_seconds, self.service.drain_margin_seconds, self.service.unready_bound)
+        verdict = judge_drain(records, timeline, bounds)
         verdict.failures.extend(later_failures)
         verdict.passed = not verdict.failures
         self._figures(verdict, records, answered, cold_bytes, channel_note, notice_at, exited_at, replacement)
@@ -297,7 +295,7 @@ class _DrainRun:
                 verdict.figures["warm_cold_ttfr_ratio"] = round(warm / answered.seconds, 3)
 
 
-def check_drain(core: SessionCore, service: ServiceSpec) -> dict[str, Any]:
+def check_drain(core: Core, service: ServiceSpec) -> dict[str, Any]:
     """The reclaim notice under load: raise :class:`DrainFailure` unless the service drained."""
     verdict, workdir = run_drain(core, service)
     log.info("service %s: %s; %s", service.name, verdict.message().replace("\n", " "), verdict.figures)

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..budgets.overhead import checkpoint_blocking
 from ..config.jobs import JobSpec
+from ..core import Core
 from ..errors import JobError, ScenarioFailure, SpotchaosError
 from ..faults.plan import Plan, Preemption
 from ..probe import ENV_CHECKPOINT_URI
 from ..record import note_plans, note_run, note_storage
 from ..safety.redact import find_leaks, leaking_files, redact
-from ..session import SessionCore
 from ..training.verdict import judge
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _require_s3(job: JobSpec) -> None:
         raise SpotchaosError(f'job {job.name!r} does not checkpoint to S3: add storage = "s3" to it')
 
 
-def check_storage(core: SessionCore, job: JobSpec, plan: Plan | str, faults: Sequence[Fault]) -> dict[str, Any]:
+def check_storage(core: Core, job: JobSpec, plan: Plan | str, faults: Sequence[Fault]) -> dict[str, Any]:
     """Run ``plan`` with storage ``faults`` on for the whole run (a SlowDown storm, resets
     mid-upload): every verdict must hold, and no checkpoint may hold training up longer than
     ``job.checkpoint_budget_seconds``; a checkpoint the job gives up and reports
@@ -111,7 +111,7 @@ def check_storage(core: SessionCore, job: JobSpec, plan: Plan | str, faults: Seq
     return _storage_outcome(core, job, plan, run, verdict, reference, figures, problems, names)
 
 
-def check_upload_preemption(core: SessionCore, job: JobSpec) -> dict[str, Any]:
+def check_upload_preemption(core: Core, job: JobSpec) -> dict[str, Any]:
     """Kill the job while a checkpoint is uploading (its uploads slowed to take about
     ``UPLOAD_SECONDS``; the kill waits for the step that starts the second checkpoint and for an
     object upload part-way through): the previous checkpoint must stay the newest valid one,
@@ -164,7 +164,7 @@ def check_upload_preemption(core: SessionCore, job: JobSpec) -> dict[str, Any]:
     return _storage_outcome(core, job, plan, run, verdict, reference, figures, problems, "a slow upload")
 
 
-def _storage_outcome(core: SessionCore, job, plan, run, verdict, reference, figures, problems, names) -> dict[str, Any]:
+def _storage_outcome(core: Core, job, plan, run, verdict, reference, figures, problems, names) -> dict[str, Any]:
     problems = [*problems, *_leak_problems(run.workdir, core.secrets_of(job))]
     note_run(plan, run, verdict, reference)
     _storage_verdict(figures, problems, f"job {job.name!r} under {names}: ")
@@ -172,7 +172,7 @@ def _storage_outcome(core: SessionCore, job, plan, run, verdict, reference, figu
     return figures
 
 
-def check_storage_refusal(core: SessionCore, job: JobSpec, fault: Fault | CredentialSwap) -> dict[str, Any]:
+def check_storage_refusal(core: Core, job: JobSpec, fault: Fault | CredentialSwap) -> dict[str, Any]:
     """S3 refuses the restarted job (a key it never issued, a read-only key, a token that
     expires): it must end with a non-zero exit and a message naming the problem, change no
     checkpoint object that existed when the refusals began, and show no secret anywhere the

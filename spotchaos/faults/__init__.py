@@ -13,14 +13,23 @@ from ..backends.base import Handle
 from .checkpoint import CHECKPOINT_FAULTS, CheckpointSet, Damage
 from .ranks import DrainNode, HangRank, KillRank, LoseNode, rank_fault
 from .signals import CloudNotice, CrashPoint, HardKill, Notice, Rerun
+from .slurm import SLURM_FAULTS
+from .traits import NO_FAULT, Traits
 
 
 class PreemptionFault(Protocol):
     """What reaches a running job: a notice, a hard kill, a crash point (storage faults are
-    ``spotchaos.storage``'s, checkpoint damage ``CHECKPOINT_FAULTS``)."""
+    ``spotchaos.storage``'s, checkpoint damage ``CHECKPOINT_FAULTS``). What the engine asks of it
+    besides ``apply`` is its :class:`Traits` (every fault inherits them)."""
 
     name: str
     graceful: bool  # True: the job may checkpoint and exit inside the grace window
+    whole_group: bool
+    continues: bool
+    hangs: bool
+    reclaims: bool
+    warns: bool
+    target: int | None
 
     def apply(self, handle: Handle) -> None: ...
 
@@ -52,6 +61,11 @@ class _Preemptions(dict):
         yield from ("kill-rankN", "hang-rankN", "lose-nodeN", "drain-nodeN")
 
 
+def traits(name: str | None) -> Traits:
+    """What the fault named ``name`` is, as the engine asks it (an unknown name: no fault at all)."""
+    return PREEMPTIONS.get(name) or NO_FAULT if name else NO_FAULT  # type: ignore[return-value]
+
+
 PREEMPTIONS: dict[str, PreemptionFault] = _Preemptions(
     {
         "sigterm": Notice(whole_group=False),
@@ -60,6 +74,7 @@ PREEMPTIONS: dict[str, PreemptionFault] = _Preemptions(
         "rerun": Rerun(),  # rerun@N: N is ignored; the finished job is started again
         "crash": CrashPoint(),  # crash@N: N is a file-system event (Preemption.fs_event), not a training step
         **{fault.name: fault for fault in (CloudNotice(p) for p in ("aws", "gcp", "azure", "alibaba"))},
+        **SLURM_FAULTS,  # slurm-usr1@N, slurm-usr2@N: the partition's warning, then SIGTERM, then SIGKILL
     }
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..config.declare import PHASE_NAME
 from ..errors import ConfigError
 from . import CHECKPOINT_FAULTS, PREEMPTIONS
 
@@ -15,14 +16,19 @@ class Preemption:
     before the restart, apply ``damage`` to the newest checkpoint (``pick`` in [0, 1) chooses
     the file and the offset). A crash point ``crash@N`` dies before the attempt's N-th
     file-system event under its checkpoint folder; ``crash@S+N`` (``after_step`` S) before the
-    N-th after the job reported step S: the same moment of a save from step 0 or from a copy of
-    an earlier checkpoint (training/reference/prefix.py)."""
+    N-th since the job first reported step S, on across later steps: the same moment of a save
+    from step 0 or from a copy of an earlier checkpoint (training/reference/prefix.py).
+
+    ``phase`` (``sigterm@7/eval``): the fault lands inside the first phase of that name the job
+    enters after reporting step ``at_step`` (its probe's ``phase("eval")``), held at the phase's
+    start, instead of between steps: real notices come during evaluation, a save, data loading."""
 
     at_step: int
     fault: str
     damage: str | None = None
     pick: float = 0.0
     after_step: int | None = None
+    phase: str | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in PREEMPTIONS:
@@ -40,6 +46,22 @@ class Preemption:
                 f"{self.fault}@{self.after_step}+{self.at_step}: only a crash point counts events after a step "
                 "(crash@S+N: S >= 0, N >= 1)"
             )
+        if self.phase is not None:
+            self._check_phase()
+
+    def _check_phase(self) -> None:
+        """A phase is a name the job reports; only a fault the harness delivers is held there."""
+        assert self.phase is not None
+        if not PHASE_NAME.fullmatch(self.phase):
+            raise ConfigError(
+                f"{self.fault}@{self.at_step}/{self.phase}: a phase is a name the job reports "
+                "(letters, digits, '-', '_', up to 32), e.g. sigterm@7/eval"
+            )
+        if self.fs_event is not None or PREEMPTIONS[self.fault].reruns:
+            raise ConfigError(
+                f"{self.fault}@{self.at_step}/{self.phase}: a crash point or a rerun has no phase "
+                "(a phase holds a fault the harness delivers: sigterm, sigkill, a notice)"
+            )
 
     @property
     def fs_event(self) -> int | None:
@@ -54,7 +76,7 @@ class Preemption:
 
     def __str__(self) -> str:
         where = str(self.at_step) if self.after_step is None else f"{self.after_step}+{self.at_step}"
-        text = f"{self.fault}@{where}"
+        text = f"{self.fault}@{where}" + (f"/{self.phase}" if self.phase else "")
         if self.damage:
             text += f":{self.damage}" + (f"~{self.pick!r}" if self.pick else "")
         return text
@@ -68,22 +90,28 @@ class Plan:
 
     @classmethod
     def parse(cls, text: str) -> Plan:
-        """``"sigterm@5,sigkill@12:truncate-half~0.3,crash@17+2"`` -> Plan; the form replay commands use."""
+        """``"sigterm@5,sigkill@12:truncate-half~0.3,crash@17+2,sigterm@7/eval"`` -> Plan; the form
+        replay commands use."""
         items = []
         for part in filter(None, (p.strip() for p in text.split(","))):
             head, _, damage = part.partition(":")
             fault, _, where = head.partition("@")
+            where, slash, phase = where.partition("/")
             after, plus, step = where.rpartition("+")
             damage, _, pick = damage.partition("~")
             if not (step.isascii() and step.isdigit()) or (plus and not (after.isascii() and after.isdigit())):
                 raise ConfigError(
-                    f"plan item {part!r} must look like FAULT@STEP[:DAMAGE[~PICK]] or crash@STEP+EVENT, e.g. sigterm@5"
+                    f"plan item {part!r} must look like FAULT@STEP[/PHASE][:DAMAGE[~PICK]] or crash@STEP+EVENT, "
+                    "e.g. sigterm@5 or sigterm@5/eval"
                 )
             try:
                 pick_value = float(pick) if pick else 0.0
             except ValueError:
                 raise ConfigError(f"plan item {part!r}: pick {pick!r} is not a number") from None
-            items.append(Preemption(int(step), fault, damage or None, pick_value, int(after) if plus else None))
+            if slash and not phase:
+                raise ConfigError(f"plan item {part!r}: no phase after '/' (e.g. sigterm@5/eval)")
+            after_step = int(after) if plus else None
+            items.append(Preemption(int(step), fault, damage or None, pick_value, after_step, phase or None))
         return cls(tuple(items))
 
     def __str__(self) -> str:
@@ -102,6 +130,7 @@ class Plan:
                 "damage": p.damage,
                 "pick": p.pick,
                 **({"after_step": p.after_step} if p.after_step is not None else {}),
+                **({"phase": p.phase} if p.phase is not None else {}),
             }
             for p in self.preemptions
         ]

@@ -16,18 +16,20 @@ from typing import ClassVar
 
 from ..backends.base import Handle
 from ..errors import JobError
+from .traits import Traits
 
 NAMES = re.compile(r"(kill-rank|hang-rank|lose-node|drain-node|crash-rank)(\d{1,3})")
 
 
 @dataclass(frozen=True)
-class TargetedFault(abc.ABC):
+class TargetedFault(Traits, abc.ABC):
     """One rank's or one node's fault; ``target`` is the rank (or node) number in its name."""
 
     target: int
     kind: ClassVar[str] = ""
     graceful: ClassVar[bool] = False
     continues: ClassVar[bool] = True  # the job runs on: hang detection, not an exit, ends the attempt
+    targeted: ClassVar[bool] = True
 
     @property
     def name(self) -> str:
@@ -73,6 +75,7 @@ class LoseNode(TargetedFault):
     node that never comes, which the silence limits name), and the restart brings a replacement."""
 
     kind = "lose-node"
+    on_node: ClassVar[bool] = True
 
     def deliver(self, handle) -> None:
         handle.lose_node(self.target)
@@ -87,6 +90,7 @@ class DrainNode(TargetedFault):
     ended, and a bit-exact resume from it."""
 
     kind = "drain-node"
+    on_node: ClassVar[bool] = True
     graceful: ClassVar[bool] = True
     continues: ClassVar[bool] = False  # the grace window, not hang detection, applies until it ends
     # at the window's end the node goes, and a job that cannot go on without it with it: judged by

@@ -6,10 +6,11 @@ import signal
 from dataclasses import dataclass, field
 
 from ..backends.base import Handle
+from .traits import Traits
 
 
 @dataclass(frozen=True)
-class Notice:
+class Notice(Traits):
     """SIGTERM, then the grace window; the engine sends SIGKILL when the window ends.
 
     ``whole_group=False`` is ``docker stop`` and Kubernetes (PID 1 only); ``True`` is a VM
@@ -28,7 +29,7 @@ class Notice:
 
 
 @dataclass(frozen=True)
-class CloudNotice:
+class CloudNotice(Traits):
     """The reclaim notice posted on the cloud's instance metadata (served by the harness on
     127.0.0.1, see :mod:`spotchaos.faults.notices`), with no signal: many trainers poll the metadata
     instead of handling SIGTERM, and on some clouds no SIGTERM comes before the kill. The engine
@@ -47,7 +48,7 @@ class CloudNotice:
 
 
 @dataclass(frozen=True)
-class Rerun:
+class Rerun(Traits):
     """No fault while the job runs: once it has finished (its final event and exit 0), it is
     started again on the same checkpoints, as a scheduler does that restarts a job whose node went
     away after its last save (a Kubernetes Job's retry, a spot fleet's replacement). A restart
@@ -55,13 +56,14 @@ class Rerun:
 
     name: str = field(default="rerun", init=False)
     graceful: bool = field(default=False, init=False)
+    reruns: bool = field(default=True, init=False)
 
     def apply(self, handle: Handle) -> None:
         pass  # the engine starts the next attempt once this one has finished
 
 
 @dataclass(frozen=True)
-class HardKill:
+class HardKill(Traits):
     """SIGKILL to every process of the job with no warning: a host lost, an OOM kill."""
 
     name: str = field(default="sigkill", init=False)
@@ -72,7 +74,7 @@ class HardKill:
 
 
 @dataclass(frozen=True)
-class CrashPoint:
+class CrashPoint(Traits):
     """SIGKILL from inside the job at its Nth file-system event under the checkpoint directory.
 
     Armed through the environment before the attempt starts (see ``spotchaos/faults/crashpoint``); the

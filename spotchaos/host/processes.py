@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -168,11 +169,11 @@ def end(pids: list[int]) -> None:
 
 
 def kill_group_until_gone(handle: Any, seconds: float = 10.0) -> None:
-    """SIGKILL an attempt's process group (``handle.kill``) until its leader has exited and no
+    """SIGKILL an attempt's process group (``handle.end_group``) until its leader has exited and no
     member is left: one loop for an attempt started cold and one forked warm."""
     deadline = time.monotonic() + seconds
     while True:
-        handle.kill()
+        handle.end_group()
         handle.wait(0.2)
         if handle.poll() is not None and not handle.survivors():
             return
@@ -220,6 +221,54 @@ def sweep(marker: str | None, folder: Path | None = None, seconds: float = 10.0)
             ended.setdefault(pid, describe(pid))
         end(live)
         time.sleep(0.05)
+
+
+def job_tree(leader: int, marker: str | None = None) -> list[int]:
+    """Every live process of one attempt: its process group, everything below its leader by
+    ancestry (a torchrun worker, which its agent starts in a session of its own), and whatever
+    carries the attempt's ``marker``."""
+    if not PROC.is_dir():
+        return group_members(leader)
+    found = set(group_members(leader)) | set(_below([leader]))
+    if marker:
+        found |= set(carrying(marker))
+    return sorted(pid for pid in found if pid != os.getpid() and is_mine(pid) and start_time(pid) is not None)
+
+
+@dataclass
+class Delivery:
+    """What one signal to a job's whole tree met: the processes it reached, and those of them that
+    a SIGKILL did not end (a harness error, never a landed fault)."""
+
+    signal: str
+    reached: list[str] = field(default_factory=list)
+    outlived: list[str] = field(default_factory=list)
+
+
+def signal_tree(leader: int, signum: int, marker: str | None = None, settle: float = 2.0) -> Delivery:
+    """Send ``signum`` to every process of an attempt at once, as a host's end reaches them all.
+
+    The tree is read before the signal: once its parent dies a worker is re-parented and no longer
+    found below the leader. After a SIGKILL, each process it reached must be gone within
+    ``settle`` seconds; one that is not is named in ``outlived``."""
+    pids = job_tree(leader, marker)
+    identities = {pid: start_time(pid) for pid in pids}
+    delivery = Delivery(signal.Signals(signum).name, [describe(pid) for pid in pids])
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signum)  # a member forked since the reading is in the group still
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    if signum != signal.SIGKILL:
+        return delivery
+    deadline = time.monotonic() + settle
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if is_running(pid, identities[pid])]
+        if alive:
+            time.sleep(0.01)
+    delivery.outlived = [describe(pid) for pid in alive]
+    return delivery
 
 
 def become_subreaper() -> bool:

@@ -43,85 +43,95 @@ class RunOptions:
     audit: int = 0  # passes per job through a shortcut judged again on the slow path (training/shortcuts.py)
 
 
+@dataclass(frozen=True)
+class Given:
+    """What the command line said, None (or False) where it said nothing: the first of the sources
+    :func:`resolve` reads, one object rather than two dozen parameters."""
+
+    seed: str | None = None
+    profile: str | None = None
+    examples: int | None = None
+    output: str | None = None
+    plan: str | None = None
+    jobs: tuple[str, ...] | list[str] | None = None
+    keep_runs: bool = False
+    image: str | None = None
+    require_docker: bool = False
+    require_gpu: bool = False
+    verbose: bool = False
+    parallel: int | None = None
+    backend: str | None = None
+    ray_address: str | None = None
+    warm: str | None = None
+    prefix: str | None = None
+    history: str | None = None
+    reference_cache: str | None = None
+    fresh_reference: bool = False
+    audit: int | None = None
+
+
 def resolve(
-    *,
-    seed: str | None,
-    last_seed: int | None,
-    profile: str | None,
-    examples: int | None,
-    output: str | None,
-    plan: str | None,
-    jobs: list[str] | None,
-    keep_runs: bool,
-    environ: Mapping[str, str],
-    settings: Settings,
-    image: str | None = None,
-    require_docker: bool = False,
-    require_gpu: bool = False,
-    verbose: bool = False,
-    parallel: int | None = None,
-    backend: str | None = None,
-    ray_address: str | None = None,
-    warm: str | None = None,
-    prefix: str | None = None,
-    history: str | None = None,
-    reference_cache: str | None = None,
-    fresh_reference: bool = False,
-    audit: int | None = None,
+    given: Given, *, environ: Mapping[str, str], settings: Settings, last_seed: int | None = None
 ) -> RunOptions:
-    """Combine the sources; ``seed='last'`` replays the previous session's seed."""
-    resolved_seed = _seed(seed if seed is not None else environ.get("SPOTCHAOS_SEED"), last_seed)
-    profile = profile or environ.get("SPOTCHAOS_PROFILE") or ("quick" if environ.get("CI") else "standard")
+    """Combine the sources; ``seed='last'`` replays the previous session's seed (``last_seed``)."""
+    resolved_seed = _seed(given.seed if given.seed is not None else environ.get("SPOTCHAOS_SEED"), last_seed)
+    profile = given.profile or environ.get("SPOTCHAOS_PROFILE") or ("quick" if environ.get("CI") else "standard")
     if profile not in PROFILES:
         raise ConfigError(f"--spotchaos-profile: expected one of {', '.join(PROFILES)}, got {profile!r}")
-    if examples is not None and examples < 1:
-        raise ConfigError(f"--spotchaos-examples: must be >= 1, got {examples}")
-    if parallel is not None and not 1 <= parallel <= 256:
-        raise ConfigError(f"--spotchaos-parallel: must be from 1 to 256 plans at once, got {parallel}")
+    _check_numbers(given)
+    _check_jobs(given.jobs, settings)
+    parsed = Plan.parse(given.plan) if given.plan is not None else None
+    if parsed is not None and not parsed.preemptions:
+        raise ConfigError(
+            f"--spotchaos-plan: {given.plan!r} holds no preemption; give at least one FAULT@STEP, e.g. sigterm@5"
+        )
+    warm, prefix = given.warm or environ.get("SPOTCHAOS_WARM"), given.prefix or environ.get("SPOTCHAOS_PREFIX")
+    cache = given.reference_cache if given.reference_cache is not None else environ.get("SPOTCHAOS_REFERENCE_CACHE")
+    return RunOptions(
+        seed=resolved_seed,
+        profile=profile,
+        max_examples=given.examples or PROFILES[profile],
+        output=given.output or settings.output,
+        plan=parsed,
+        jobs=tuple(given.jobs or ()),
+        keep_runs=given.keep_runs,
+        image=_image(given.image),
+        # CI must never skip container scenarios for want of a daemon: that would hide a broken setup
+        require_docker=given.require_docker or bool(environ.get("CI")),
+        require_gpu=given.require_gpu,
+        verbose=given.verbose,
+        parallel=given.parallel,
+        backend=given.backend,
+        ray_address=given.ray_address,
+        warm=_on_off("--spotchaos-warm (or SPOTCHAOS_WARM)", warm or "on"),
+        prefix=_on_off("--spotchaos-prefix (or SPOTCHAOS_PREFIX)", prefix or "on"),
+        history=_history(given.history if given.history is not None else environ.get("SPOTCHAOS_HISTORY")),
+        reference_cache=_reference_cache(cache, environ),
+        fresh_reference=given.fresh_reference,
+        audit=_audit(given.audit if given.audit is not None else environ.get("SPOTCHAOS_AUDIT")),
+    )
 
-    if backend is not None and backend not in BACKENDS:
-        raise ConfigError(f"--spotchaos-backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    if ray_address is not None and (not ray_address.strip() or any(c.isspace() for c in ray_address)):
-        raise ConfigError(f"--spotchaos-ray-address: expected an address such as 127.0.0.1:6379, got {ray_address!r}")
 
+def _check_numbers(given: Given) -> None:
+    """The counts and names a command line gives, each checked where one error can name its option."""
+    if given.examples is not None and given.examples < 1:
+        raise ConfigError(f"--spotchaos-examples: must be >= 1, got {given.examples}")
+    if given.parallel is not None and not 1 <= given.parallel <= 256:
+        raise ConfigError(f"--spotchaos-parallel: must be from 1 to 256 plans at once, got {given.parallel}")
+    if given.backend is not None and given.backend not in BACKENDS:
+        raise ConfigError(f"--spotchaos-backend: expected one of {', '.join(BACKENDS)}, got {given.backend!r}")
+    address = given.ray_address
+    if address is not None and (not address.strip() or any(c.isspace() for c in address)):
+        raise ConfigError(f"--spotchaos-ray-address: expected an address such as 127.0.0.1:6379, got {address!r}")
+
+
+def _check_jobs(jobs: tuple[str, ...] | list[str] | None, settings: Settings) -> None:
     known = {job.name for job in settings.jobs} | {service.name for service in settings.services}
     for name in jobs or ():
         if name not in known:
             raise ConfigError(
                 f"--spotchaos-job: no job or service named {name!r} (declared: {', '.join(sorted(known)) or 'none'})"
             )
-
-    parsed = Plan.parse(plan) if plan is not None else None
-    if parsed is not None and not parsed.preemptions:
-        raise ConfigError(
-            f"--spotchaos-plan: {plan!r} holds no preemption; give at least one FAULT@STEP, e.g. sigterm@5"
-        )
-
-    return RunOptions(
-        seed=resolved_seed,
-        profile=profile,
-        max_examples=examples or PROFILES[profile],
-        output=output or settings.output,
-        plan=parsed,
-        jobs=tuple(jobs or ()),
-        keep_runs=keep_runs,
-        image=_image(image),
-        # CI must never skip container scenarios for want of a daemon: that would hide a broken setup
-        require_docker=require_docker or bool(environ.get("CI")),
-        require_gpu=require_gpu,
-        verbose=verbose,
-        parallel=parallel,
-        backend=backend,
-        ray_address=ray_address,
-        warm=_on_off("--spotchaos-warm (or SPOTCHAOS_WARM)", warm or environ.get("SPOTCHAOS_WARM") or "on"),
-        prefix=_on_off("--spotchaos-prefix (or SPOTCHAOS_PREFIX)", prefix or environ.get("SPOTCHAOS_PREFIX") or "on"),
-        history=_history(history if history is not None else environ.get("SPOTCHAOS_HISTORY")),
-        reference_cache=_reference_cache(
-            reference_cache if reference_cache is not None else environ.get("SPOTCHAOS_REFERENCE_CACHE"), environ
-        ),
-        fresh_reference=fresh_reference,
-        audit=_audit(audit if audit is not None else environ.get("SPOTCHAOS_AUDIT")),
-    )
 
 
 def _audit(value: int | str | None) -> int:

@@ -2,7 +2,7 @@
 
 ``spotchaos.plugin`` stays import-light, the way pytest-xdist imports its ``DSession`` only
 under ``-n``: a plain ``pytest`` run never imports this module, hypothesis, the engine or the
-backends. :func:`start` resolves the options, builds the runner and registers the collector,
+backends. :func:`start` resolves the options, builds the session and registers the collector,
 whose hooks parametrize the scenarios over the jobs, turn each test's records into the report,
 print the header and the summary, and end the session's jobs and containers.
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from ..config.jobs import JobSpec, Settings, load_settings
+from ..config.jobs import Settings, load_settings
+from ..core import CoreOptions
 from ..errors import ConfigError, SpotchaosError
 from ..extras import MissingExtra
-from ..families.needs import unmet
 from ..host.leftovers import LiveJobs
 from ..host.processes import children
 from ..record import ScenarioRecord, as_reported, note_error
@@ -32,13 +32,14 @@ from ..report.gate_cost import cost_line, per_job
 from ..report.history import save_run
 from ..report.markdown import render_markdown
 from ..report.summary import figure_lines, is_service, lost_steps, verdict_word
-from ..runner import ChaosRunner
 from ..safety.redact import SecretMatcher, artifact_leaks, leaking_files, redact, redact_files, secret_values
 from ..safety.safefs import NotPrivate
 from ..safety.sanitize import visible
+from ..session import Session
 from ..training.reference.cache import ReferenceCache
-from .options import RunOptions, resolve
+from .options import Given, RunOptions, resolve
 from .order import by_job
+from .parametrize import by_subject, selected_jobs
 from .stash import RECORDS, STATE
 
 LOG = logging.getLogger("spotchaos")
@@ -49,7 +50,7 @@ CACHE_SEED = "spotchaos/seed"
 class _State:
     settings: Settings
     options: RunOptions
-    runner: ChaosRunner
+    session: Session
     started: str
     scenarios: list[dict[str, Any]] = field(default_factory=list)
     worker_secrets: list[str] = field(default_factory=list)  # S3 secrets pytest-xdist workers handed out
@@ -58,14 +59,14 @@ class _State:
     reaped: list[str] = field(default_factory=list)  # what dead pytest runs had left running, ended at start
     old_handlers: dict[int, Any] = field(default_factory=dict)
     live_log: logging.Handler | None = None  # -v: the spotchaos logger's lines on the terminal
-    closed: bool = False  # the runner ended its jobs, clusters and folders (an xdist worker's: at its sessionfinish)
+    closed: bool = False  # the session ended its jobs, clusters and folders (an xdist worker's: at its sessionfinish)
 
     @property
     def secrets(self) -> list[str]:
         """Values no output may show: the jobs' secret-named variables, the session's own, and every
         S3 secret the harness made for a run (here and in xdist workers)."""
-        jobs = [s for job in _selected(self) for s in job.secrets()]
-        return jobs + secret_values(os.environ) + self.runner.secrets + self.worker_secrets
+        jobs = [s for job in selected_jobs(self) for s in job.secrets()]
+        return jobs + secret_values(os.environ) + self.session.secrets + self.worker_secrets
 
 
 def _pyproject(config: pytest.Config) -> Path:
@@ -118,36 +119,26 @@ def _own_scenarios(items: list[pytest.Item]) -> bool:
     return False
 
 
+# Given's fields and the --spotchaos-* options that give them (pytest's dest names, plugin.py)
+_GIVEN = {
+    **{name: name for name in ("seed", "profile", "examples", "output", "plan", "keep_runs", "parallel", "image")},
+    **{name: name for name in ("backend", "ray_address", "warm", "prefix", "history", "reference_cache")},
+    **{name: name for name in ("fresh_reference", "audit", "require_docker", "require_gpu")},
+    "jobs": "job",
+}
+
+
 def start(config: pytest.Config) -> None:
-    """Everything ``--spotchaos`` turns on: options, runner, the collector, stop signals."""
+    """Everything ``--spotchaos`` turns on: options, the session, the collector, stop signals."""
     cache = getattr(config, "cache", None)  # absent with -p no:cacheprovider
     try:
         settings = _declared_jobs(config)
-        options = resolve(
-            seed=config.getoption("spotchaos_seed"),
-            last_seed=cache.get(CACHE_SEED, None) if cache is not None else None,
-            profile=config.getoption("spotchaos_profile"),
-            examples=config.getoption("spotchaos_examples"),
-            output=config.getoption("spotchaos_output"),
-            plan=config.getoption("spotchaos_plan"),
-            jobs=config.getoption("spotchaos_job"),
-            keep_runs=config.getoption("spotchaos_keep_runs"),
-            parallel=config.getoption("spotchaos_parallel"),
-            image=config.getoption("spotchaos_image"),
-            backend=config.getoption("spotchaos_backend"),
-            ray_address=config.getoption("spotchaos_ray_address"),
-            warm=config.getoption("spotchaos_warm"),
-            prefix=config.getoption("spotchaos_prefix"),
-            history=config.getoption("spotchaos_history"),
-            reference_cache=config.getoption("spotchaos_reference_cache"),
-            fresh_reference=config.getoption("spotchaos_fresh_reference"),
-            audit=config.getoption("spotchaos_audit"),
-            require_docker=config.getoption("spotchaos_require_docker"),
-            require_gpu=config.getoption("spotchaos_require_gpu"),
+        given = Given(
+            **{name: config.getoption(f"spotchaos_{option}") for name, option in _GIVEN.items()},
             verbose=config.option.verbose > 0,
-            environ=os.environ,
-            settings=settings,
         )
+        last_seed = cache.get(CACHE_SEED, None) if cache is not None else None
+        options = resolve(given, environ=os.environ, settings=settings, last_seed=last_seed)
     except ConfigError as exc:
         where = "" if "settings" in locals() and settings.jobs else f" (jobs read from {_pyproject(config)})"
         raise pytest.UsageError(f"spotchaos: {exc}{where}") from None
@@ -166,18 +157,21 @@ def start(config: pytest.Config) -> None:
             f"spotchaos: cannot write the report to {config.rootpath / options.output} "
             f"(--spotchaos-output or [tool.spotchaos] output): {exc.strerror or exc}"
         ) from None
-    runner = ChaosRunner(
+    cache = options.reference_cache
+    session = Session(
         config.rootpath,
+        CoreOptions(
+            keep_passing=options.keep_runs,
+            warm=options.warm,
+            prefix=options.prefix,
+            audit=options.audit,
+            reference_cache=None if cache is None else ReferenceCache(cache, fresh=options.fresh_reference),
+            ray_address=options.ray_address,
+            settings=settings,
+        ),
         workdir=runs,
-        keep_passing=options.keep_runs,
-        warm=options.warm,
-        prefix=options.prefix,
-        audit=options.audit,
     )
-    if options.reference_cache is not None:
-        runner.reference_cache = ReferenceCache(options.reference_cache, fresh=options.fresh_reference)
-    runner.ray_address = options.ray_address
-    state = _State(settings, options, runner, now_iso())
+    state = _State(settings, options, session, now_iso())
     if worker_seed is None:  # the controller (or a plain session): end what dead sessions left running
         try:
             state.reaped = LiveJobs().reap()
@@ -241,30 +235,6 @@ def _catch_stop_signals(state: _State, config: pytest.Config) -> None:
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         state.old_handlers[signum] = signal.signal(signum, stop)
-
-
-def _selected(state: _State) -> list[JobSpec]:
-    o = state.options
-    jobs = [j for j in state.settings.jobs if not o.jobs or j.name in o.jobs]
-    # torchrun jobs stay local processes: a container's torchrun is not built (docs/distributed.md)
-    jobs = [j.in_image(o.image) if o.image and j.launcher != "torchrun" else j for j in jobs]
-    return [j.on_backend(o.backend) for j in jobs] if o.backend else jobs
-
-
-def _selected_services(state: _State) -> list[Any]:
-    """The declared services, narrowed by --spotchaos-job; in --spotchaos-image's container when given."""
-    o = state.options
-    services = [s for s in state.settings.services if not o.jobs or s.name in o.jobs]
-    return [s.in_image(o.image) if o.image else s for s in services]
-
-
-def _marker_kwargs(definition: pytest.Item) -> dict[str, Any]:
-    """Every ``spotchaos`` marker's keywords, the closest winning: a module's ``pytestmark`` may name
-    the jobs of scenarios imported from the package, whose own markers say what they need."""
-    merged: dict[str, Any] = {}
-    for marker in reversed(list(definition.iter_markers("spotchaos"))):
-        merged.update(marker.kwargs)
-    return merged
 
 
 def _replay_command(item: pytest.Item, state: _State, plan: str | None) -> str:
@@ -365,7 +335,7 @@ class _Collector:
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         state = self.state
         o = state.options
-        jobs = ", ".join(j.name for j in _selected(state)) or "none declared"
+        jobs = ", ".join(j.name for j in selected_jobs(state)) or "none declared"
         lines = [
             f"spotchaos: seed {o.seed} (replay with --spotchaos-seed={o.seed}), profile {o.profile} "
             f"({o.max_examples} plans per scenario), jobs: {jobs}, report: {o.output}/report.json"
@@ -376,61 +346,8 @@ class _Collector:
         return lines
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        """Each scenario once per job (``spotchaos_job``) or service (``spotchaos_service``) it takes:
-        ``@pytest.mark.spotchaos(jobs=[...])`` or ``services=[...]`` names them, ``--spotchaos-job``
-        chooses among them; a job that lacks what the scenario ``needs`` gets it skipped, saying why."""
-        marks = _marker_kwargs(metafunc.definition)
-        for fixture, kind in (("spotchaos_job", "jobs"), ("spotchaos_service", "services")):
-            if fixture not in metafunc.fixturenames:
-                continue
-            chosen = self._chosen(metafunc, kind, marks.get(kind))
-            # what was named (by --spotchaos-job or the marker) and cannot run is skipped, saying why;
-            # a scenario that only fans out over everything declared leaves out what does not fit
-            named = bool(self.state.options.jobs) or marks.get(kind) is not None
-            if not chosen:
-                why = self._none_chosen(kind)
-                mark = pytest.mark.skip(reason=f"spotchaos: {why}") if named else pytest.mark.spotchaos_unfit
-                metafunc.parametrize(fixture, [pytest.param(None, marks=mark, id=f"no-{kind[:-1]}")])
-                continue
-            needs = (marks.get("needs") or ()) if kind == "jobs" else ()  # a service needs nothing yet
-            params = []
-            for each in chosen:
-                try:
-                    reason = unmet(each, needs, metafunc.definition.nodeid)
-                except ConfigError as exc:
-                    raise pytest.UsageError(f"spotchaos: {exc}") from None
-                unfit = pytest.mark.skip(reason=f"spotchaos: {reason}") if named else pytest.mark.spotchaos_unfit
-                params.append(pytest.param(each, marks=[unfit] if reason else [], id=each.name))
-            metafunc.parametrize(fixture, params)
-
-    def _chosen(self, metafunc: pytest.Metafunc, kind: str, named: list[str] | None) -> list[Any]:
-        """The jobs or services a scenario takes: those its marker names, else every one declared
-        (jobs: those with ``parametrize``), narrowed by --spotchaos-job."""
-        state = self.state
-        selected = _selected(state) if kind == "jobs" else _selected_services(state)
-        if named is not None:
-            chosen = [each for each in selected if each.name in named]
-            if not chosen and not state.options.jobs:
-                declared = state.settings.jobs if kind == "jobs" else state.settings.services
-                names = ", ".join(each.name for each in declared) or "none"
-                where = metafunc.definition.nodeid
-                raise pytest.UsageError(f"spotchaos: {where} names {kind} {named}; declared: {names}")
-            return chosen
-        if kind == "jobs" and not state.options.jobs:  # --spotchaos-job names the jobs: every scenario takes them
-            return [job for job in selected if job.parametrize]
-        return selected
-
-    def _none_chosen(self, kind: str) -> str:
-        """Why a scenario has no job (or service) to take; nothing declared at all is a usage error."""
-        settings = self.state.settings
-        if not settings.jobs and not settings.services:
-            raise pytest.UsageError(
-                "spotchaos: no job to test. Declare one in pyproject.toml:\n"
-                '  [tool.spotchaos.jobs.train]\n  command = ["python", "train.py"]'
-            )
-        if not (settings.jobs if kind == "jobs" else settings.services):
-            return f"no {kind[:-1]} declared ([tool.spotchaos.{kind}.NAME] in pyproject.toml)"
-        return f"none of the selected {kind} is for this test"
+        """Each scenario once per job or service it takes (:func:`.parametrize.by_subject`)."""
+        by_subject(metafunc, self.state)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         """End the session's jobs, containers and servers; restore the signal handlers."""
@@ -440,8 +357,8 @@ class _Collector:
         if state.live_log is not None:
             LOG.removeHandler(state.live_log)
         if not state.closed:
-            state.runner.close()
-        runs = state.runner.workdir.parent
+            state.session.close()
+        runs = state.session.workdir.parent
         if runs.is_dir() and not any(runs.iterdir()):
             runs.rmdir()
 
@@ -468,12 +385,12 @@ class _Collector:
         """After the JUnit XML is written (so it can be scanned), before the terminal summary."""
         result = yield
         # runs kept for inspection land in the report directory CI uploads: their logs are redacted too
-        redact_files(self.state.runner.workdir, SecretMatcher(self.state.secrets))
+        redact_files(self.state.session.workdir, SecretMatcher(self.state.secrets))
         if hasattr(self.config, "workerinput"):  # an xdist worker sends its records to the controller
-            self.config.workeroutput["spotchaos_secrets"] = list(self.state.runner.secrets)
+            self.config.workeroutput["spotchaos_secrets"] = list(self.state.session.secrets)
             # ended before the controller hears this worker is done: it then gives a worker 10 s to exit,
             # and a Ray cluster's end on a busy machine took longer (its folders were left to the next run)
-            self.state.runner.close()
+            self.state.session.close()
             self.state.closed = True
             return result
         if session.exitstatus == pytest.ExitCode.INTERRUPTED and self.state.interrupted is None:
@@ -517,7 +434,11 @@ class _Collector:
         if xml is not None and Path(xml.logfile).is_file():
             files.append(Path(xml.logfile))
         state = self.state
-        secrets = [*state.runner.secrets, *state.worker_secrets, *(s for j in _selected(state) for s in j.secrets())]
+        secrets = [
+            *state.session.secrets,
+            *state.worker_secrets,
+            *(s for j in selected_jobs(state) for s in j.secrets()),
+        ]
         matcher = SecretMatcher(secrets, shapes=False)
         if not matcher.has_values:
             return []
@@ -527,7 +448,7 @@ class _Collector:
 
     def _write_report(self) -> None:
         state = self.state
-        jobs = _selected(state)
+        jobs = selected_jobs(state)
         document = build_report(
             root=self.config.rootpath,
             seed=state.options.seed,
@@ -536,7 +457,7 @@ class _Collector:
             scenarios=state.scenarios,
             started=state.started,
             secrets=state.secrets,
-            containers=state.runner.containers(),
+            containers=state.session.containers(),
             interrupted=state.interrupted,
             reaped=state.reaped,
         )

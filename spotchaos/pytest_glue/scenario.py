@@ -1,8 +1,8 @@
 """What the ``spotchaos`` fixture hands a test: the scenarios it can run against a job.
 
-The scenarios are the Session's (:mod:`spotchaos.runner`, the one list of entry points): the
+The scenarios are the Session's (:mod:`spotchaos.session`, the one list of entry points): the
 fixture offers each method marked ``@scenario`` wrapped by :meth:`Scenario._run`, which records it
-for the report and turns what the runner raised into a failure, an error or a skip (no Docker
+for the report and turns what the session raised into a failure, an error or a skip (no Docker
 daemon, no GPU), and each ``@query`` as it is. Written out here is only what pytest adds: the
 seed and the parallel and plan options of a search, pytest-benchmark, the image option, and a
 failure made of the determinism rows. Everything that runs or judges lives below, in plain modules.
@@ -19,11 +19,10 @@ import pytest
 
 from ..backends.docker import DockerUnavailable, GpuUnavailable
 from ..config.jobs import JobSpec
-from ..errors import ScenarioFailure, SpotchaosError
+from ..errors import ScenarioFailure, ScenarioUnfit, SpotchaosError
 from ..record import ScenarioRecord, note_error, note_failure, note_plans
-from ..runner import ChaosFailure, ChaosRunner, ExploreSettings, PlanSource
 from ..search import plans_at_once
-from ..session import entry_of
+from ..session import ChaosFailure, ExploreSettings, PlanSource, Session, entry_of
 from ..strategies import FirstPlans
 from .stash import RECORDS
 
@@ -42,18 +41,24 @@ class Scenario:
         item.stash[RECORDS] = []
 
     @property
-    def runner(self) -> ChaosRunner:
-        return self._state.runner
+    def session(self) -> Session:
+        """The session behind the fixture: its S3, its references, its secrets."""
+        return self._state.session
+
+    @property
+    def runner(self) -> Session:
+        """The name before 0.2 (``spotchaos.runner``), kept one release: :attr:`session`."""
+        return self._state.session
 
     def __getattr__(self, name: str) -> Any:
         """The Session's entry points, offered as they are: a ``@scenario`` runs inside a record for
         the report (what it raises becomes a failure, an error or a skip), a ``@query`` is handed
         over unchanged. Only what pytest adds to a scenario is written out below."""
-        method = getattr(self.runner, name, None) if not name.startswith("_") else None
+        method = getattr(self.session, name, None) if not name.startswith("_") else None
         entry = entry_of(method)
         if entry is None:
-            marked = {n for n in dir(ChaosRunner) if entry_of(getattr(ChaosRunner, n, None))}
-            own = {n for n in vars(Scenario) if not n.startswith("_") and n != "runner"}
+            marked = {n for n in dir(Session) if entry_of(getattr(Session, n, None))}
+            own = {n for n in vars(Scenario) if not n.startswith("_") and n not in ("session", "runner")}
             known = ", ".join(sorted(marked | own))
             raise AttributeError(f"the spotchaos fixture has no scenario {name!r} (it has: {known})")
         if not entry.scenario:
@@ -102,7 +107,7 @@ class Scenario:
         self._run(job, lambda _record: self._baseline(job, tuple(worlds)), plans=len(worlds))
 
     def _baseline(self, job: JobSpec, worlds: tuple[int, ...]) -> None:
-        rows = self.runner.determinism_baseline(job, worlds)
+        rows = self.session.determinism_baseline(job, worlds)
         bad = [r for r in rows if not (r["repeatable"] and r["resume_bit_exact"])]
         if bad:
             lines = [f"{r['world']} ranks: {'; '.join(r['repeat_differences'] + r['failures'])}" for r in bad]
@@ -119,7 +124,7 @@ class Scenario:
         request in flight answered in full, none after the notice dropped, the drain over before the
         kill; latency and the outcome of every request go to the report."""
         spec = self.service(service) if isinstance(service, str) else service
-        self._run(spec, lambda _record: self.runner.check_drain(spec), plans=1)
+        self._run(spec, lambda _record: self.session.check_drain(spec), plans=1)
 
     def _search(
         self,
@@ -131,7 +136,7 @@ class Scenario:
     ) -> None:
         if self._state.options.plan is not None:  # --spotchaos-plan: exactly that plan
             note_plans(1)
-            self.runner.check(job, self._state.options.plan)
+            self.session.check(job, self._state.options.plan)
             return
         options = self._state.options
         parallel = options.parallel or self._plans_at_once(job)
@@ -139,17 +144,17 @@ class Scenario:
             max_examples=options.max_examples, seed=self._seed, verbose=options.verbose, parallel=parallel
         )
         if rank_crashes:
-            self.runner.explore_rank_crashes(job, settings=settings)
+            self.session.explore_rank_crashes(job, settings=settings)
         else:
-            self.runner.explore(job, plans, settings=settings, first=first)
+            self.session.explore(job, plans, settings=settings, first=first)
 
     def _plans_at_once(self, job: JobSpec) -> int:
         """What the job's machines allow at once (``search.plans_at_once``), read from the
         session's cluster or GPUs only for a job that uses them."""
         if job.on_ray_cluster:
-            cluster = self.runner.ray_cluster()
+            cluster = self.session.ray_cluster()
             return plans_at_once(job, ray_nodes=len(cluster.nodes), local_cluster=cluster.local)
-        gpus = len(self.runner.gpus().devices) if job.gpu_request is not None else 0
+        gpus = len(self.session.gpus().devices) if job.gpu_request is not None else 0
         return plans_at_once(job, gpus=gpus)
 
     def _overhead(self, job: JobSpec, benchmark: Any, record: ScenarioRecord) -> None:
@@ -160,7 +165,7 @@ class Scenario:
                 return benchmark.pedantic(fn, rounds=1, iterations=1)
 
         try:
-            self.runner.check_overhead(job, measure)
+            self.session.check_overhead(job, measure)
         finally:  # a failing budget still reports its figures
             if benchmark is not None and record.figures:
                 benchmark.extra_info.update(_benchmark_info(record.figures))
@@ -191,6 +196,9 @@ class Scenario:
                 raise
             self._item.stash[RECORDS].remove(record)  # a skipped scenario has no verdict to report
             pytest.skip(f"spotchaos: {exc} ({option} makes this a failure)")
+        except ScenarioUnfit as unfit:
+            self._item.stash[RECORDS].remove(record)  # judged nothing: a skip, saying why
+            pytest.skip(f"spotchaos: {unfit}")
         except ChaosFailure as failure:
             note_failure(record, failure.plan)
             raise

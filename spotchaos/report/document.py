@@ -32,6 +32,10 @@ SCHEMA_VERSION = 1
 MAX_REPORT_BYTES = 256 << 20
 
 
+# what is left after the parser's error when a document was cut: nothing, or a last token cut short
+_CUT_TOKEN = re.compile(r"|-?[0-9.eE+-]*|t(r(ue?)?)?|f(a(l(se?)?)?)?|n(u(ll?)?)?")
+
+
 def _git_commit(root: Path) -> str | None:
     try:
         out = subprocess.run(
@@ -199,7 +203,8 @@ def load_report(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         # the file's content is never echoed: the path may name any file (a key, a password file)
         # the parser ran off the end of the text: the document stops mid-object, whatever its last byte
-        ended_early = exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+        # (or inside its last token: a number or a true/false/null cut short)
+        ended_early = exc.msg.startswith("Unterminated string") or bool(_CUT_TOKEN.fullmatch(text[exc.pos :].strip()))
         truncated = " (it looks truncated: it ends before the document closes)" if ended_early else ""
         raise ReportError(
             f"{path}: not a valid JSON report{truncated}: {exc.msg} at line {exc.lineno} column {exc.colno}"

@@ -124,6 +124,10 @@ def render_markdown(document: dict[str, Any]) -> str:
                 lines.append(f"- {_cell(failure)}")
             lines += [f"- _{_cell(note)}_" for note in comparison_notes(s)]
             lines += ["", f"Replay: `{_code(s.get('replay'))}`", ""]
+    warned = [(s, w) for s in scenarios for w in s.get("warnings") or []]
+    if warned:
+        lines += ["", "## Warnings", ""]
+        lines += [f"- {_name(s.get('scenario'))}: {_cell(w)}" for s, w in warned]
     noted = [(s, comparison_notes(s)) for s in scenarios if s.get("passed") and comparison_notes(s)]
     if noted:
         lines += ["", "## What was compared", ""]

@@ -67,6 +67,15 @@ def test_a_killed_rank_and_a_hung_rank(spotchaos, spotchaos_job):
     spotchaos.check(watched, f"hang-rank{rank}@{step}")
 
 
+@pytest.mark.spotchaos(needs=["ranks", "watchdog"])
+def test_a_hung_rank_is_ended_by_the_jobs_own_watchdog(spotchaos, spotchaos_job):
+    """The last rank SIGSTOPped: the job's own watchdog (``watchdog_seconds``) must end it non-zero, as
+    in production nobody else would; the harness's hang detection is only the backstop, and a hang it
+    had to end fails, named apart. The restart resumes bit-exact."""
+    step, rank = after_checkpoint(spotchaos, spotchaos_job, 1 / 3), spotchaos_job.world_size - 1
+    spotchaos.check(spotchaos_job, f"hang-rank{rank}@{step}")
+
+
 @pytest.mark.spotchaos(needs=["nodes"])
 def test_a_lost_node(spotchaos, spotchaos_job):
     """Every process of the last node SIGKILLed at once, as when its VM is reclaimed."""

@@ -8,7 +8,9 @@ checkpoint, and every restart resuming from the newest durable checkpoint.
 from __future__ import annotations
 
 import pytest
+from hypothesis import strategies as st
 
+from spotchaos.config.exit_status import slurm_lead
 from spotchaos.strategies import preemption_plans, resumes_across_epochs
 
 pytestmark = pytest.mark.spotchaos
@@ -40,3 +42,20 @@ def test_chained_preemptions_are_bit_exact(spotchaos, spotchaos_job):
         lambda steps: preemption_plans(steps, min_preemptions=2, max_preemptions=3),
         first=resumes_across_epochs("sigterm", twice=True, rerun=True),
     )
+
+
+@pytest.mark.spotchaos(needs=["slurm"])
+def test_slurm_warning_then_requeue_is_bit_exact(spotchaos, spotchaos_job):
+    """Slurm's warning signal (``slurm_signal``), SIGTERM after its lead, SIGKILL after KillWait (the
+    grace window); in requeue mode the job must ask ``scontrol requeue`` for its own restart."""
+    fault = slurm_lead(spotchaos_job.slurm_signal)[0]
+    spotchaos.explore(spotchaos_job, lambda steps: preemption_plans(steps, faults=(fault,), max_preemptions=2))
+
+
+@pytest.mark.spotchaos(needs=["phases"])
+def test_a_fault_inside_each_phase_then_resume_is_bit_exact(spotchaos, spotchaos_job):
+    """A SIGTERM and a SIGKILL inside each phase the job declares (``phases``: those it marks with its
+    probe's ``phase(NAME)``), held at the phase's start: a notice during evaluation must end it and
+    checkpoint within the grace window, and a kill there must resume bit-exact."""
+    plans = spotchaos.phase_plans(spotchaos_job)
+    spotchaos.explore(spotchaos_job, st.sampled_from(plans), first=lambda epochs, checkpoints: plans)

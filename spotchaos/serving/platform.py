@@ -139,6 +139,7 @@ class Instance:
             stderr_path=workdir / f"{label}.stderr.log",
             grace_seconds=float(service.notice_seconds or 30.0),
             writable=(workdir,),
+            marker=f"{ENV_RUN_ID}={self.run_id}",
         )
         self.handle: Any = None
         self.watch: MemoryWatch | None = None
@@ -177,7 +178,7 @@ class Instance:
                 f"its resident memory reached {_gib(self.watch.exceeded)}, over the {self.itype.memory} of "
                 f"{self.itype.name}: the model does not fit this type"
             )
-        if getattr(self.handle, "oom_killed", lambda: False)():
+        if self.handle.oom_killed():
             return (
                 f"the kernel killed it for memory (over the {self.itype.memory} of {self.itype.name}): "
                 "the model does not fit this type"

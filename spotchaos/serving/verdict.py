@@ -65,27 +65,38 @@ class _Requests:
         return cls(before, in_flight, after, by_replacement)
 
 
-def judge_drain(
-    records: list[RequestRecord],
-    *,
-    notice_at: float,
-    exited_at: float,
-    killed: bool,
-    notice_seconds: float,
-    margin: float,
-    channel_note: str = "",
-    replacement_at: float | None = None,
-    unready_at: float | None = None,
-    unready_bound: float | None = None,
-    delivered_at: float | None = None,
-) -> DrainVerdict:
-    """``records`` of one run; times are ``time.monotonic()``; ``killed``: the service was still up
-    at the deadline (notice + ``notice_seconds``) and was SIGKILLed; ``replacement_at``: when the
-    replacement was launched (requests from then on are the replacement's, judged apart);
-    ``unready_at``: when its readiness check first failed after the notice (None: not watched),
-    which must be within ``unready_bound`` seconds of it; ``delivered_at``: when the harness had
-    delivered the notice (None: at ``notice_at``), whose lateness is the harness's (a loaded
-    machine, a container's API) and is not counted against the service's margin."""
+@dataclass(frozen=True)
+class DrainTimeline:
+    """What one drain did, in ``time.monotonic()`` seconds: the notice, the instance's end
+    (``killed``: still up at the deadline, notice + the notice's seconds, and SIGKILLed); when the
+    harness had delivered the notice (None: at ``notice_at``), whose lateness is the harness's (a
+    loaded machine, a container's API) and not counted against the service's margin; when the
+    replacement was launched (requests from then on are the replacement's, judged apart); when its
+    readiness check first failed after the notice (None: not watched); how it took a metadata notice."""
+
+    notice_at: float
+    exited_at: float
+    killed: bool
+    delivered_at: float | None = None
+    replacement_at: float | None = None
+    unready_at: float | None = None
+    channel_note: str = ""
+
+
+@dataclass(frozen=True)
+class DrainBounds:
+    """What a drain must fit: the notice's seconds, less the margin it must leave; the seconds the
+    platform allows the instance to stay ready after the notice (None: any)."""
+
+    notice_seconds: float
+    margin: float
+    unready_bound: float | None = None
+
+
+def judge_drain(records: list[RequestRecord], timeline: DrainTimeline, bounds: DrainBounds) -> DrainVerdict:
+    """The verdict on ``records`` of one run, under what the drain did and what it must fit."""
+    notice_at, exited_at, killed = timeline.notice_at, timeline.exited_at, timeline.killed
+    delivered_at, replacement_at, unready_at = timeline.delivered_at, timeline.replacement_at, timeline.unready_at
     requests = _Requests.of(records, notice_at, replacement_at)
     late = max(0.0, (delivered_at if delivered_at is not None else notice_at) - notice_at)
     # a kill loses what is in flight at that moment: said with the kill, not as a refusal gone wrong
@@ -94,13 +105,11 @@ def judge_drain(
     ]
     failures = _request_failures(requests, at_kill)
     accepted = [r for r in requests.after if r.outcome == "ok" and r.ended <= exited_at + KILL_SLACK_SECONDS]
-    ending = _ending_failure(
-        requests, at_kill, accepted, notice_at, exited_at, killed, notice_seconds, margin, channel_note, late
-    )
+    ending = _ending_failure(requests, at_kill, accepted, timeline, bounds, late)
     failures.extend([ending] if ending else [])
     readiness: dict[str, Any] = {}
     if unready_at is not None:
-        readiness, unready = _readiness(records, notice_at, exited_at, unready_at, unready_bound)
+        readiness, unready = _readiness(records, notice_at, exited_at, unready_at, bounds.unready_bound)
         failures.extend(unready)
     steady = [r.ended - r.started for r in requests.before if r.outcome == "ok"]
     during = [r.ended - r.started for r in requests.in_flight + accepted if r.outcome == "ok"]
@@ -108,7 +117,7 @@ def judge_drain(
         "drain_seconds": round(exited_at - notice_at, 3),
         "harness_delivery_seconds": round(late, 3),  # of drain_seconds: the harness's, before the service had it
         "killed": killed,
-        "notice_seconds": notice_seconds,
+        "notice_seconds": bounds.notice_seconds,
         "requests": len(records),
         "before_notice": dict(Counter(r.outcome for r in requests.before)),
         "in_flight_at_notice": dict(Counter(r.outcome for r in requests.in_flight)),
@@ -165,18 +174,16 @@ def _ending_failure(
     requests: _Requests,
     at_kill: list[RequestRecord],
     accepted: list[RequestRecord],
-    notice_at: float,
-    exited_at: float,
-    killed: bool,
-    notice_seconds: float,
-    margin: float,
-    channel_note: str,
+    timeline: DrainTimeline,
+    bounds: DrainBounds,
     late: float = 0.0,
 ) -> str | None:
     """How the instance ended: killed at the deadline (and what that says of its drain), or gone
     by itself with less than the margin left, the harness's own lateness in delivering the notice
     not counted against it; None when it left in time."""
-    drain = exited_at - notice_at - late
+    notice_at, notice_seconds, margin = timeline.notice_at, bounds.notice_seconds, bounds.margin
+    drain = timeline.exited_at - notice_at - late
+    killed, channel_note = timeline.killed, timeline.channel_note
     if killed:
         text = f"the drain was not over at the kill: the service still ran {notice_seconds:g} s after the notice"
         if at_kill:

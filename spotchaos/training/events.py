@@ -27,6 +27,7 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "removed": {"uri": str},
     "checkpoint_failed": {"step": int, "seconds": (int, float), "reason": str},
     "final": {"step": int, "digests": dict},
+    "phase": {"name": str, "state": str},  # probe.phase(NAME): "begin" and "end"; its step may be None
 }
 
 MAX_LINE_SHOWN = 160
@@ -138,10 +139,13 @@ class LineReader:
         self._file = None
         self.pending = b""  # bytes after the last newline: a line not finished yet
 
+    def _open(self) -> int:
+        return open_regular(self.path)
+
     def read_lines(self) -> list[bytes]:
         if self._file is None:
             try:
-                self._file = os.fdopen(open_regular(self.path), "rb")
+                self._file = os.fdopen(self._open(), "rb")
             except FileNotFoundError:
                 return []
         chunk = self._file.read(READ_BYTES)

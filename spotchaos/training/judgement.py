@@ -15,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import SubprocessBackend
+from ..config.exit_status import expectation
 from ..config.jobs import JobSpec
+from ..config.placeholders import working_folder
+from ..faults import traits
 from ..probe import ENV_RUN_ID
 from .determinism import Envelope
 from .engine.warmth import may_start_warm, preload_of, start_environment
@@ -23,11 +26,52 @@ from .frameworks import framework_of, state_diff_ignore
 from .multirank.rank_verdict import add_rank_verdicts
 from .multirank.torchrun import published_before_ranks, published_without_metadata
 from .state.checkpoint_reader import ConfinedLoader, tensor_distances
-from .state.diff import StateDifference
+from .state.diff import DiffRules, StateDifference, restart_flags
 from .state.diff import compare as compare_kept
 from .state.kept import KEEP_BYTES, kept_dir, not_kept
 from .trajectory import RunRecord
 from .verdict import Verdict, judge
+
+
+def _not_requeued(run: RunRecord) -> list[str]:
+    """Slurm's requeue mode: after the partition's warning the job must ask for its own restart
+    (``scontrol requeue $SLURM_JOB_ID``, as Lightning's auto-requeue does), or it ends for good."""
+    return [
+        f"attempt {a.index} ended after {a.fault.fault} after step {a.fault.observed_step} without asking Slurm to "
+        f'requeue it: in requeue mode (platform = "slurm-requeue") a job that exits without calling '
+        "`scontrol requeue $SLURM_JOB_ID` in its warning handler is not run again (the stand-in's scontrol "
+        "recorded no such call)"
+        for a in run.attempts
+        if a.fault is not None and traits(a.fault.fault).warns and a.requeued is False
+    ]
+
+
+def _watchdog(job: JobSpec, run: RunRecord) -> list[str]:
+    """A job that declares its own hang watchdog (``watchdog_seconds``) must end itself, non-zero,
+    when a rank hangs: production has nobody to end it. The harness's hang detection is only the
+    backstop, and a hang it had to end is the job's failure, named apart from the hang itself."""
+    if job.watchdog_seconds is None:
+        return []
+    failures = []
+    for attempt in run.attempts:
+        fault = attempt.fault
+        if fault is None or not traits(fault.fault).hangs:
+            continue
+        if fault.hang_detected_seconds is not None:
+            failures.append(
+                f"the job's own watchdog did not end it: {fault.fault} after step {fault.observed_step} (attempt "
+                f"{attempt.index}) stopped a rank, and no process of the job exited for "
+                f"{fault.hang_detected_seconds:.1f} s, past watchdog_seconds = {job.watchdog_seconds:g} and torchrun's "
+                f"{job.teardown_seconds:g}-s teardown; the harness's hang detection (its backstop) ended it. Does "
+                "every collective have a timeout (init_process_group(timeout=...), NCCL's watchdog) whose error "
+                "ends the rank non-zero?"
+            )
+        elif attempt.exit_code == 0:
+            failures.append(
+                f"after {fault.fault} after step {fault.observed_step} (attempt {attempt.index}) the job exited 0: "
+                "a watchdog that ends a hung job must exit non-zero, or its launcher counts it finished"
+            )
+    return failures
 
 
 def judge_run(
@@ -49,7 +93,11 @@ def judge_run(
     RNG never seeded is no restore gone wrong, and two uninterrupted runs are what shows it."""
     if envelope is not None and run.final is not None:  # how far its weights are from the reference's
         run.final["tensor_spread"] = weights_distance(job, reference, run)
-    verdict = judge(reference, run, envelope)
+    verdict = judge(reference, run, envelope, exit_after=expectation(job.exit_after_notice, job.platform, job.provider))
+    platform_failures = [*(_not_requeued(run) if job.platform == "slurm-requeue" else []), *_watchdog(job, run)]
+    if platform_failures:
+        verdict.failures.extend(platform_failures)
+        verdict.passed = False
     found = state_difference(job, reference, run, backend, root)
     skipped = not_kept(kept_dir(run.workdir))
     if skipped["too_big"]:
@@ -72,13 +120,13 @@ def judge_run(
         verdict.state_difference = asdict(found)
     if job.multi_rank:  # what only the other ranks show: their own trajectories, samples
         torn = []
-        if job.launcher == "torchrun":  # torch.distributed.checkpoint's publication, by its files
+        if job.kind.local_ranks:  # torch.distributed.checkpoint's publication, by its files
             torn = [
                 *published_without_metadata(run.attempts, run.workdir),
                 *published_before_ranks(run.attempts, run.workdir),
             ]
         add_rank_verdicts(verdict, reference, run, torn)
-    if job.launcher == "ray-train":
+    if job.kind.cluster_ranks:
         from .multirank.ray_train import explain
 
         explained = explain(verdict.failures, run)
@@ -113,7 +161,7 @@ def compares_state(job: JobSpec) -> bool:
     """Whether the state diff compares ``job``'s checkpoints: as the job says, else for one
     process only (a torchrun job's DCP ``.metadata`` holds each save's own id, bytes that always
     differ; a rank job whose files hold only state, DeepSpeed's, turns it on with ``state_diff``)."""
-    return job.state_diff if job.state_diff is not None else job.launcher == "python"
+    return job.state_diff if job.state_diff is not None else job.kind.one_process
 
 
 def confined_reader(job: JobSpec, backend: Any, root: Path, reference: Path, run: Path) -> ConfinedLoader:
@@ -126,7 +174,7 @@ def confined_reader(job: JobSpec, backend: Any, root: Path, reference: Path, run
         backend,
         in_container=job.container is not None,
         env={**start_env, ENV_RUN_ID: uuid.uuid4().hex[:12]},  # a process of its own, marked as a run id is
-        cwd=root / job.cwd if job.cwd else root,
+        cwd=working_folder(job.cwd, root),
         folder=run,
         writable=(run,),
         readable=(kept_dir(reference), kept_dir(run)),
@@ -149,15 +197,16 @@ def state_difference(
     if not compares_state(job) or (len(run.attempts) < 2 and not uninterrupted):
         return None
     confined = confined_reader(job, backend() or SubprocessBackend(), root, Path(reference.workdir), Path(run.workdir))
-    return compare_kept(
-        kept_dir(reference.workdir),
-        kept_dir(run.workdir),
-        confined=confined,
+    rules = DiffRules(
         ignore=state_diff_ignore(
             framework_of(job.framework, reference.attempts[0].of_kind("start") if reference.attempts else []),
             job.state_diff_ignore,
         ),
         exact_floats=job.exactness == "bit",
         runs=(reference.trained_in or str(reference.workdir), str(run.workdir)),
-        first_attempt=0 if uninterrupted else 1,
+        restart_flags=restart_flags(job.command, job.resume_args, job.resume_command),
+    )
+    first = 0 if uninterrupted else 1
+    return compare_kept(
+        kept_dir(reference.workdir), kept_dir(run.workdir), confined=confined, rules=rules, first_attempt=first
     )

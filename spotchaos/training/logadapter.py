@@ -107,6 +107,7 @@ class LogEventReader:
         confined: ConfinedLoad | None = None,
         convention: StepConvention | None = None,
         line_latency: float = 0.0,
+        lines: LineReader | None = None,
     ) -> None:
         self.path = log_path
         # how late a printed line may reach the log after the file the script saved next: a
@@ -124,7 +125,8 @@ class LogEventReader:
         self._regex = spec.regex
         rollback = spec.rollback_pattern
         self._rollback = compiled_pattern(rollback, f"{spec.where}.rollback_pattern") if rollback else None
-        self._lines = LineReader(log_path, f"{spec.stream} log")
+        # a torchrun job's: its rank 0's own log, as torchrun keeps it (multirank/torchrun.py)
+        self._lines = lines or LineReader(log_path, f"{spec.stream} log")
         self._scan = CheckpointScan(spec, checkpoint_dir, confined)
         self._last_step: int | None = None  # 0-based
         self._printed_first: int | None = None

@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from ..config.jobs import JobSpec
+from ..faults import traits
 from ..safety.safefs import UnsafeFile, open_beneath
 from .state.formats import PICKLE_MAGIC, TORCH_SUFFIXES, ZIP_MAGIC
 from .trajectory import Attempt, FaultRecord
@@ -22,7 +23,7 @@ from .trajectory import Attempt, FaultRecord
 
 def fault_text(fault: FaultRecord) -> str:
     """``sigkill after step 7`` / ``crash before open-write checkpoints/ckpt.pt (file-system event 9)``."""
-    if fault.fault == "crash":
+    if traits(fault.fault).armed_by_environment:
         return f"crash {fault.detail}"
     return f"{fault.fault} after step {fault.observed_step}"
 
@@ -81,7 +82,9 @@ def diagnose(
     glob = job.log.checkpoints if job.log is not None else None
     if torn:
         names = "; ".join(f"{name} is {what}" for name, what in torn)
-        where = "inside its write" + (f" ({fault.detail})" if fault is not None and fault.fault == "crash" else "")
+        where = "inside its write" + (
+            f" ({fault.detail})" if fault is not None and traits(fault.fault).armed_by_environment else ""
+        )
         return (
             f"{head}: torn checkpoint — {names}: the kill landed {where}, and the script writes the checkpoint in "
             "place (a bare torch.save to its final name), so the kill destroyed the only copy. Write to a temporary "

@@ -26,6 +26,7 @@ class FaultRecord:
     grace_seconds: float | None = None
     grace_exceeded: bool = False
     detail: str = ""  # for a crash point: the file-system event it died before
+    inside: str | None = None  # a fault planned inside a phase (FAULT@S/PHASE): the phase it landed in
     hang_detected_seconds: float | None = None  # hang-rank: from the stop until the harness named the rank
     # where it really landed (see spotchaos/training/engine/landing.py): held after the planned step, or late
     held: bool = False  # the job waited after the planned step until the fault was delivered
@@ -35,6 +36,8 @@ class FaultRecord:
     steps_late: int | None = None
     passed_checkpoint: int | None = None  # late past a checkpoint it was meant to precede: that checkpoint's step
     held_seconds: float | None = None  # how long the job waited, from its planned step's report to the release
+    # the processes a signal to the whole job reached (pid and command line), read just before it
+    reached: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Attempt:
     gpus: dict[str, Any] | None = None  # the GPUs it leased: devices, when acquired and released, the wait
     placement: dict[str, Any] | None = None  # where it ran on a cluster: the Ray node, its id and resources
     start_kind: str = "cold"  # "warm" (forked from the job's warm interpreter), or "cold" and why
+    requeued: bool | None = None  # on Slurm: whether it called `scontrol requeue` for its job id (None: not Slurm)
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["event"] == kind]
@@ -134,6 +138,8 @@ class RunRecord:
     workdir: str
     unfired: list[str] = field(default_factory=list)  # planned faults that never reached a running attempt, and why
     not_reached: list[str] = field(default_factory=list)  # planned for attempts that never started: training was done
+    # earlier runs of this plan that tested nothing: a crash point counted from a step never fired in them
+    missed_tries: list[str] = field(default_factory=list)
     convention: dict[str, Any] | None = None  # a log-adapter job's step convention, learned by its uninterrupted run
     audit: dict[str, Any] | None = None  # the reference's: what the job's repeated uninterrupted runs showed
     # the run started from the reference's checkpoint after this step: attempt 0 is the reference's

@@ -9,15 +9,20 @@ restart resumed from the newest checkpoint that was durable (or said why it roll
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from ..config.exit_status import ExitExpectation
+from ..faults import traits
 from ..faults.checkpoint import Damage
 from .determinism import HINT, Envelope
 from .engine.landing import untested
 from .trajectory import Attempt, RunRecord, StepRecord
+
+EXIT_0 = ExitExpectation()  # the contract's default: exit 0 after a notice's checkpoint
 
 # What a fingerprint that diverges together with the loss usually means.
 FINGERPRINT_HINTS = {
@@ -56,7 +61,9 @@ class Divergence:
 
     def describe(self) -> str:
         where = f"step {self.step} (attempt {self.attempt}"
-        if self.resumed_from is not None:
+        if self.resumed_from == -1:  # the restart counted from the start again
+            where += ", its steps counted from the start again" if self.step == 0 else ", after a restart from step 0"
+        elif self.resumed_from is not None:
             distance = self.step - self.resumed_from
             where += (
                 ", the first step after resuming from step " + str(self.resumed_from)
@@ -95,6 +102,12 @@ class Divergence:
         """
         if self.resumed_from is None:
             return []
+        if self.resumed_from == -1:  # the restart printed step 0 again: no resume a hint could explain
+            return [
+                "the restart reported its first step again, as a fresh start does, but not with a fresh start's "
+                "loss: it restored state while counting its steps from the start again, or the job differs run to "
+                "run from its very first step"
+            ]
         distance = self.step - self.resumed_from
         if distance == 1:
             if "batch" in self.agreeing:
@@ -150,6 +163,7 @@ class Verdict:
     damage: list[DamageOutcome] = field(default_factory=list)
     precision: str = "bit-exact"  # what "equal" meant: see precision_note
     state_difference: dict[str, Any] | None = None  # the first checkpoint after a resume that differs
+    warnings: list[str] = field(default_factory=list)  # what passed here but would fail where the job runs
 
     def message(self) -> str:
         if self.passed:
@@ -170,6 +184,12 @@ def _compare_step(ref: StepRecord, got: StepRecord) -> list[str]:
         if ref.fingerprints[name] != got.fingerprints[name]:
             fields.append(name)
     return fields
+
+
+def counter_restarts(reference: RunRecord) -> bool:
+    """Whether the job's step numbers go back during its uninterrupted run (a counter per epoch)."""
+    numbers = [s.step for s in reference.steps]
+    return any(later <= earlier for earlier, later in itertools.pairwise(numbers))
 
 
 def _resume_points(attempts: list[Attempt]) -> dict[int, int | None]:
@@ -241,7 +261,7 @@ def _caveats(attempts: list[Attempt], index: int, *, batch_agrees: bool = False)
     return list(dict.fromkeys(c for c in said if isinstance(c, str) and c))
 
 
-def _grace_results(chaos: RunRecord) -> list[GraceResult]:
+def _grace_results(chaos: RunRecord, exit_after: ExitExpectation) -> list[GraceResult]:
     results = []
     for attempt in chaos.attempts:
         fault = attempt.fault
@@ -250,7 +270,7 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
         ckpts = [e["step"] for e in attempt.of_kind("checkpoint") if e["step"] >= fault.observed_step]
         # a checkpoint after the signal, unless training ended before the notice could matter
         # torchrun's agent exits 1 on the notice it forwarded: the ranks' checkpoint says how they ended
-        exited = attempt.exit_code == 0 or attempt.launcher_signalled
+        exited = exit_after.matches(attempt.exit_code) or attempt.launcher_signalled
         ok = not fault.grace_exceeded and exited and (bool(ckpts) or attempt.final is not None)
         results.append(
             GraceResult(
@@ -268,7 +288,21 @@ def _grace_results(chaos: RunRecord) -> list[GraceResult]:
     return results
 
 
-def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
+def _open_phase(attempt: Attempt) -> tuple[str, int | None] | None:
+    """The phase the job was inside when it ended (``probe.phase``: begun, no end reported), and
+    the step after which it began; None when it was in none."""
+    open_phases: list[tuple[str, int | None]] = []
+    for event in attempt.of_rank("phase", 0):
+        name, state = str(event.get("name")), event.get("state")
+        if state == "begin":
+            open_phases.append((name, event.get("step")))
+        elif state == "end" and any(n == name for n, _ in open_phases):
+            index = max(i for i, (n, _) in enumerate(open_phases) if n == name)
+            del open_phases[index]
+    return open_phases[-1] if open_phases else None
+
+
+def _grace_failure(g: GraceResult, attempt: Attempt, exit_after: ExitExpectation) -> str:
     signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
     after = attempt.launcher_shutdown_seconds
     if attempt.launcher_killed and g.grace_seconds > after:
@@ -286,8 +320,7 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
             f"checkpoint was durable: under torchrun it must finish within the agent's --shutdown-timeout ({after:g} s)"
         )
     if attempt.fault is not None and attempt.fault.grace_exceeded:
-        if g.fault.endswith("-notice"):  # posted on the instance metadata, no signal sent
-            provider = g.fault.removesuffix("-notice")
+        if provider := traits(g.fault).metadata:  # posted on the instance metadata, no signal sent
             return (
                 f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, a reclaim "
                 f"notice posted on {provider}'s instance metadata with no SIGTERM, so it was SIGKILLed; "
@@ -298,6 +331,14 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
             return (
                 f"the signal never reached the trainer: {signal} was not answered within {g.grace_seconds:g} s "
                 f"and the trainer reported no notice; {attempt.fault.detail}"
+            )
+        if attempt.of_kind("notice") and (inside := _open_phase(attempt)) is not None:
+            name, began = inside
+            return (
+                f"grace window exceeded: the trainer received the notice but was still inside its {name!r} phase "
+                f"(begun after step {began}, no end reported) when the {g.grace_seconds:g}-s window of {signal} "
+                f"closed, so it was SIGKILLed before any checkpoint: the {name} phase ran on past the notice — end "
+                f"it on a notice (check the flag inside its loop), then checkpoint"
             )
         if attempt.of_kind("notice"):
             return (
@@ -317,7 +358,7 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
             f"the group's nodes (its newest checkpoint: {max(newest) if newest else 'none'}): every step since "
             "was trained again"
         )
-    if g.fault.startswith("drain-node"):  # the window's end took the node and the job with it
+    if traits(g.fault).reclaims:  # the window's end took the node and the job with it
         return (
             f"no checkpoint at or after step {g.signal_step} after {signal}, one node's notice that only that "
             f"node's ranks received, before the grace window's end took the node (its newest checkpoint: "
@@ -325,18 +366,20 @@ def _grace_failure(g: GraceResult, attempt: Attempt) -> str:
             "notice (one all-reduce of the flag a step)? A rank that saves alone waits in a collective the others "
             "never join"
         )
-    if g.exit_code != 0:
+    if not exit_after.matches(g.exit_code) and exit_after.expected != 0:
+        return exit_after.failure(g.exit_code, signal, g.exit_seconds or 0)
+    if g.exit_code != 0 and not exit_after.matches(g.exit_code):
         return (
             f"the job exited with status {g.exit_code} {g.exit_seconds or 0:.2f} s after {signal} instead of "
             "checkpointing and exiting 0"
             + (
                 " — a group-wide SIGTERM also reaches DataLoader workers; do they ignore it?"
-                if g.fault == "sigterm-group"
+                if traits(g.fault).whole_group and not traits(g.fault).warns
                 else ""
             )
         )
     return (
-        f"no checkpoint at or after step {g.signal_step} after {signal}; it exited 0 "
+        f"no checkpoint at or after step {g.signal_step} after {signal}; it exited {g.exit_code} "
         f"(newest checkpoint of that attempt: {max(newest) if newest else 'none'})"
     )
 
@@ -364,7 +407,7 @@ def _judge_damage(attempt: Attempt, start: int, damage: Damage) -> DamageOutcome
     name = Path(damage.checkpoint).name
     what = (
         f"{damage.fault} on {name}"
-        + (f"/{damage.file}" if damage.file else "")
+        + (f"/{damage.file}" if damage.file and damage.file != name else "")  # a one-file checkpoint: once
         + (f" ({damage.detail})" if damage.detail else "")
     )
     problem = None
@@ -440,9 +483,76 @@ def _rotated_away(attempt: Attempt, start: int, durable_uris: dict[str, int], re
     )
 
 
-def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[list[str], list[DamageOutcome]]:
+def _after_crash(attempt: Attempt, start: int, durable: int, crashed: Attempt) -> str:
+    """A restart after a crash point that did not resume from the newest checkpoint durable before
+    it: what was seen, and a cause only where the job's own events give it (its rollbacks name the
+    checkpoints it found damaged); otherwise whether the checkpoint was unloadable or never looked
+    for is not known."""
+    crash = f"crash {crashed.fault.detail if crashed.fault else ''} in attempt {crashed.index}".replace("  ", " ")
+    before = f"a checkpoint after step {durable} had been durable before the crash"
+    skipped = [_reported_path(str(e.get("skipped_uri"))).name for e in attempt.of_kind("rollback")]
+    if skipped:
+        where = "started from scratch" if start < 0 else f"resumed after step {start}"
+        return (
+            f"{crash} left neither the old nor the new checkpoint loadable: attempt {attempt.index} found "
+            f"{', '.join(skipped)} damaged (its rollback events) and {where}, although {before}"
+        )
+    if start < 0:
+        return (
+            f"{crash}: attempt {attempt.index} started from scratch, although {before}; it loaded no checkpoint and "
+            "reported no rollback, so whether none was loadable or none was looked for is not known"
+        )
+    return (
+        f"{crash}: attempt {attempt.index} resumed after step {start}, although {before}; it reported no rollback, "
+        "so whether the crash damaged the newer checkpoint or the restart passed it over is not known"
+    )
+
+
+def _resume_unknown(attempt: Attempt, durable: int) -> str:
+    """A job whose step counter restarts (per epoch) and that reports no resume point: where it
+    resumed cannot be told from its step numbers."""
+    first = attempt.steps[0].step if attempt.steps else None
+    return (
+        f"where attempt {attempt.index} resumed is unknown: its first step line said step {first}, but the job's "
+        "step counter restarts during its uninterrupted run (per epoch?), so a step number is no position; the "
+        f"newest durable checkpoint was after step {durable}. Report a global step, or the resume point "
+        "(probe.resume), to have the resume checked"
+    )
+
+
+def _lost_or_recounted(attempt: Attempt, start: int, durable: int, fresh: StepRecord | None) -> str:
+    """A restart that resumed before the newest durable checkpoint. Where it printed step 0 again,
+    its first loss tells a fresh start (the reference's step-0 loss: the checkpoint ignored, work
+    lost) from a restart that restored state yet counted its steps from 0 again (a step or epoch
+    counter saved or restored wrong: the tutorial's ``EPOCHS_RUN`` that names the epoch it saved)."""
+    first = attempt.steps[0] if attempt.steps else None
+    if (
+        start == -1
+        and first is not None
+        and fresh is not None
+        and first.step == fresh.step
+        and first.loss != fresh.loss
+    ):
+        return (
+            f"attempt {attempt.index} counted its steps from {first.step} again although a checkpoint after step "
+            f"{durable} was durable, yet its first loss, {_show(first.loss)}, is not a fresh start's "
+            f"({_show(fresh.loss)}): it did not start afresh but restored state (the weights?) with its step count "
+            "begun again; the step or epoch counter it saves in its checkpoint, or restores, is the likely cause "
+            "(work was redone, not lost)"
+        )
+    return (
+        f"attempt {attempt.index} resumed after step {start} although a checkpoint after step "
+        f"{durable} was durable and no rollback was reported: work was lost silently"
+    )
+
+
+def _resume_checks(
+    chaos: RunRecord, resumed: dict[int, int | None], counts_per_epoch: bool = False, fresh: StepRecord | None = None
+) -> tuple[list[str], list[DamageOutcome]]:
     """Each restart must resume from the newest checkpoint that is durable and intact: the newest
-    reported durable, or, after a checkpoint fault, the newest one the fault left intact."""
+    reported durable, or, after a checkpoint fault, the newest one the fault left intact.
+    ``counts_per_epoch``: the job's step numbers restart in its uninterrupted run; ``fresh``: the
+    uninterrupted run's first step, what a fresh start reports."""
     failures: list[str] = []
     outcomes: list[DamageOutcome] = []
     durable: int | None = None
@@ -465,18 +575,13 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
                 damage = None
             elif (rotated := _rotated_away(attempt, start, durable_uris, removed)) is not None:
                 failures.append(rotated)
-            elif previous.fault is not None and previous.fault.fault == "crash":
+            elif durable is not None and start < durable and counts_per_epoch and not attempt.of_kind("resume"):
+                failures.append(_resume_unknown(attempt, durable))
+            elif previous.fault is not None and traits(previous.fault.fault).armed_by_environment:
                 if durable is not None and start < durable:
-                    failures.append(
-                        f"crash {previous.fault.detail} in attempt {previous.index} left neither the old nor the new "
-                        f"checkpoint loadable: attempt {attempt.index} resumed after step {start}, but a checkpoint "
-                        f"after step {durable} had been durable before the crash"
-                    )
+                    failures.append(_after_crash(attempt, start, durable, previous))
             elif durable is not None and start < durable and not attempt.of_kind("rollback"):
-                failures.append(
-                    f"attempt {attempt.index} resumed after step {start} although a checkpoint after step "
-                    f"{durable} was durable and no rollback was reported: work was lost silently"
-                )
+                failures.append(_lost_or_recounted(attempt, start, durable, fresh))
             elif attempt.of_kind("rollback"):
                 # a rollback skips what did not verify, and only that: nothing here was damaged, so
                 # the newest durable checkpoint it did not skip must still be the one resumed
@@ -504,10 +609,16 @@ def _resume_checks(chaos: RunRecord, resumed: dict[int, int | None]) -> tuple[li
 
 
 def judge(
-    reference: RunRecord, chaos: RunRecord, envelope: Envelope | None = None, *, faulted_from_start: bool = False
+    reference: RunRecord,
+    chaos: RunRecord,
+    envelope: Envelope | None = None,
+    *,
+    faulted_from_start: bool = False,
+    exit_after: ExitExpectation = EXIT_0,
 ) -> Verdict:
     """Compare a chaos run with the uninterrupted reference run of the same job: bit for bit, or
     within the ``envelope`` the job's own uninterrupted runs measured (exactness = "envelope").
+    ``exit_after``: the exit a notice must end in where the job runs (config/exit_status.py).
     ``faulted_from_start``: faults acted from the first step (storage faults), so a difference in
     attempt 0 is theirs to explain, not the job's own non-determinism."""
     failures: list[str] = []
@@ -537,10 +648,12 @@ def judge(
     differing, final_failure = _final_weights(reference, chaos, envelope, failed_restarts)
     failures.extend([final_failure] if final_failure else [])
 
-    grace = _grace_results(chaos)
+    grace = _grace_results(chaos, exit_after)
     attempts = {a.index: a for a in chaos.attempts}
-    failures.extend(_grace_failure(g, attempts[g.attempt]) for g in grace if not g.ok)
-    resume_failures, damage = _resume_checks(chaos, resumed)
+    failures.extend(_grace_failure(g, attempts[g.attempt], exit_after) for g in grace if not g.ok)
+    warnings = list(dict.fromkeys(filter(None, (exit_after.warning(g.exit_code) for g in grace))))
+    fresh = reference.steps[0] if reference.steps else None
+    resume_failures, damage = _resume_checks(chaos, resumed, counter_restarts(reference), fresh)
     failures.extend(resume_failures)
 
     precision = precision_note(reference, chaos)
@@ -558,6 +671,7 @@ def judge(
         grace=grace,
         reference_steps=len(ref_steps),
         damage=damage,
+        warnings=warnings,
     )
 
 
@@ -598,7 +712,7 @@ def _ended_early(missing: list[int], ref_steps: list[int], got_steps: set[int], 
 
 def _unexpected_steps(unexpected: list[int], chaos: RunRecord) -> str:
     text = f"steps the reference never ran: {_ranges(unexpected)}"
-    if any(f.fault == "rerun" for f in chaos.faults):
+    if any(traits(f.fault).reruns for f in chaos.faults):
         text += (
             "; hint: started again after it had finished (its final checkpoint written), the job trained on: "
             "a restart after the last step must find nothing left to train"

@@ -27,14 +27,14 @@ from typing import Any
 from ...errors import BackendError
 from ...probe import ENV_CHECKPOINT_URI
 from ...safety.safefs import create_new
-from ..base import LaunchSpec
+from ..base import Backend, Handle, LaunchSpec
 from .cluster import RayCluster, RayNode
 from .relay import HOLD_VARIABLES, Relay
 
 NODE_TRIES = 3  # nodes an attempt is started on before a node dead at its start is the attempt's error
 
 
-class RayHandle:
+class RayHandle(Handle):
     """One attempt on one Ray node."""
 
     def __init__(
@@ -191,7 +191,7 @@ class RayHandle:
             raise BackendError(f"processes {left} of the job on Ray node {self.node.name} survived SIGKILL for 10 s")
 
 
-class RayBackend:
+class RayBackend(Backend):
     """Runs each attempt on a worker node of ``cluster`` with the job's resources."""
 
     name = "ray"
@@ -202,7 +202,7 @@ class RayBackend:
         self.cluster = cluster
         self.needs = {k: float(v) for k, v in (resources or {}).items()}
         self.grace_seconds = grace_seconds
-        self.relay = bool(getattr(cluster, "relays", False))  # its nodes do not share the harness's files
+        self.relay = cluster.relays  # its nodes do not share the harness's files
         self.last_node: str | None = None
         self._environment = dict(os.environ)
 
@@ -233,7 +233,7 @@ class RayBackend:
         if not uri.startswith("file://"):
             return  # the harness's S3, or no checkpoint folder of the harness's
         path = Path(uri[len("file://") :])
-        shared = getattr(self.cluster, "shared_folder", None)
+        shared = self.cluster.shared_folder
         # as text, never resolved: a path is judged by what it says, no link of anyone's followed
         if shared is not None and Path(os.path.abspath(path)).is_relative_to(os.path.abspath(shared)):
             return

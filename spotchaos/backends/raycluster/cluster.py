@@ -24,36 +24,20 @@ import abc
 import contextlib
 import json
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ...errors import BackendError
-from ...host.leftovers import MARKER_VARIABLE, LiveJobs
 from ...host.ports import free_port
-from ...host.processes import descendants, describe, end, start_time, sweep
+from ...host.processes import descendants, start_time
+from .daemons import INHERITED_TOKEN, NodeDaemons, agent_ports
 
-# every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
-# closed port on 127.0.0.1 and fails)
-# The harness's own cluster answers on loopback, which every local user shares: it admits only
-# this session, by a token of its own (token authentication, RAY_AUTH_MODE=token) in a file of the
-# cluster's private folder (0600 in 0700), named by RAY_AUTH_TOKEN_PATH to its processes, the
-# harness's client and its Ray Train drivers. Never ~/.ray/auth_token, which any earlier local
-# `ray.init()` writes and Ray 2.60 then picks up by itself; a RAY_AUTH_TOKEN of the user's
-# environment is dropped (it would win over the file). The user's cluster (--spotchaos-ray-address)
-# keeps its own settings.
-AUTH_TOKEN_FILE = "auth_token"
-INHERITED_TOKEN = "RAY_AUTH_TOKEN"
 DRAIN_TIMEOUT_VARIABLE = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"  # read by a node's `ray start` (Ray 2.60)
 # How soon the head's GCS counts a removed node dead: Ray's defaults (a check every 3 s, dead after
 # 5 failures) make a VM that is gone alive to Ray, and its Train workers with it, for about 15 s after
@@ -72,6 +56,8 @@ LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0"}
 # which the head's log monitor hands to the drivers: with one a node, a driver got every line of a
 # worker once per node (what `ray start --help` warns of for a second node on one host)
 WORKER_NODE_ARGS = ("--include-log-monitor=false",)
+# every Ray process on loopback, and no HTTP off the machine (Ray's metadata probe goes to a
+# closed port on 127.0.0.1 and fails)
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -99,25 +85,6 @@ def import_ray() -> Any:
             os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         else:
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = saved
-
-
-def _private_token(folder: str) -> dict[str, str]:
-    """A fresh token in a file only this user can read (``folder`` is mkdtemp's, 0700), and the
-    variables that make a Ray process use it."""
-    path = os.path.join(folder, AUTH_TOKEN_FILE)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path}
-
-
-def with_auth(env: Mapping[str, str], auth: Mapping[str, str]) -> dict[str, str]:
-    """``env`` as a process that joins the cluster gets it: the cluster's own authentication over
-    it, and a ``RAY_AUTH_TOKEN`` the user's environment carried dropped (Ray would prefer it to the
-    cluster's file). No ``auth`` (the user's cluster): ``env`` as it is."""
-    if not auth:
-        return dict(env)
-    return {**{k: v for k, v in env.items() if k != INHERITED_TOKEN}, **auth}
 
 
 def _reload_ray_auth() -> None:
@@ -171,6 +138,8 @@ class RayNode:
 
 class RayCluster(abc.ABC):
     """What the backend needs of a cluster: its worker nodes, placement, drain and removal."""
+
+    drain_timeout: float = 30.0  # what its nodes drain for on a reclaim (a local cluster sets its own)
 
     def __init__(self) -> None:
         self.ray: Any = None
@@ -282,7 +251,8 @@ class RayCluster(abc.ABC):
 
 class LocalRayCluster(RayCluster):
     """A head and ``workers`` worker nodes on this machine, each a ``ray start --block`` process of
-    this one (its environment given whole: loopback only), started, replaced and ended here."""
+    this one (its environment given whole: loopback only), started, replaced and ended here; the
+    processes themselves are :class:`NodeDaemons`'."""
 
     def __init__(
         self,
@@ -302,21 +272,14 @@ class LocalRayCluster(RayCluster):
         self.workers = workers
         self.drain_timeout = drain_timeout  # each worker node's RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
         self.cpus, self.gpus, self.resources = cpus, gpus, dict(resources or {})
-        self._temp_dir: str | None = None
-        self._ray_dir = ""  # Ray's --temp-dir, inside _temp_dir
+        self.daemons = NodeDaemons()
         self._port = 0
         self._head: subprocess.Popen | None = None
-        self._starters: dict[str, subprocess.Popen] = {}  # node name -> its `ray start --block`
         self._serial = 0
         self.replaced = 0
         self.replace_errors: list[str] = []
         self._replacing: list[threading.Thread] = []
         self._launching = threading.Lock()  # one replacement node starting at a time (see _replace)
-        self._live = LiveJobs()
-        self._killed: list[int] = []
-        self._live_entry: Any = None
-        self._marker = ""
-        self._auth_env: dict[str, str] = {}
         self._client_env = contextlib.ExitStack()
 
     def __enter__(self) -> LocalRayCluster:
@@ -324,20 +287,7 @@ class LocalRayCluster(RayCluster):
         self.ray = import_ray()
         if self.ray.is_initialized():
             raise BackendError("this process already drives a Ray cluster (one Ray driver per process): close it first")
-        # short: Ray puts Unix sockets under it (107 bytes at most); an attempt's kind of scratch folder,
-        # so a later session removes it should this one die (spotchaos.host.leftovers)
-        self._temp_dir = tempfile.mkdtemp(prefix="spotchaos-tmp-ray-")
-        # every process of the cluster carries this marker: a later session ends them all if this
-        # process dies without closing it (SIGKILL, OOM), as it ends a dead session's jobs
-        self._marker = f"ray-cluster-{uuid.uuid4().hex[:12]}"
-        self._live_entry = self._live.add(self._marker, {"scratch": self._temp_dir})
-        # Ray's own folder is one level down: Ray makes the folder it is given writable by everyone
-        # (0777, its sockets inside), and this one (mkdtemp's 0700) keeps every other user out of
-        # it and holds the cluster's token beside it. Ray writes the address of "the current
-        # cluster" under RAY_TMPDIR/ray (else /tmp/ray, shared with every Ray user of the machine)
-        self._ray_dir = os.path.join(self._temp_dir, "r")
-        os.makedirs(os.path.join(self._ray_dir, "ray"))
-        self._auth_env = _private_token(self._temp_dir)
+        self.daemons.open()
         try:
             self._port = free_port()
             self._head = self._ray_start(
@@ -347,7 +297,7 @@ class LocalRayCluster(RayCluster):
                     f"--port={self._port}",
                     "--num-cpus=0",
                     "--include-dashboard=false",
-                    f"--temp-dir={self._ray_dir}",
+                    f"--temp-dir={self.daemons.ray_dir}",
                 ],
                 HEALTH_CHECK_ENV,
             )
@@ -367,42 +317,27 @@ class LocalRayCluster(RayCluster):
         return f"127.0.0.1:{self._port}"
 
     def client_environment(self) -> dict[str, str]:
-        return dict(self._auth_env)
+        return dict(self.daemons.auth_env)
 
     @property
     def temp_dir(self) -> str | None:
         """The cluster's own folder (sessions, logs, sockets); gone once it is closed."""
-        return self._temp_dir
+        return self.daemons.temp_dir
 
     def _ray_start(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-        env = with_auth(
-            {**os.environ, **LOOPBACK_ENV, **LOG_MONITOR_ENV, "RAY_TMPDIR": self._ray_dir, **(extra_env or {})},
-            self._auth_env,
-        )
-        env[MARKER_VARIABLE] = self._marker
-        ray_cli = [sys.executable, "-m", "spotchaos.backends.raycluster.node_main"]  # loopback only: see there
-        args = [*args, *_agent_ports()]
-        log = open(os.path.join(str(self._temp_dir), f"{name}.log"), "wb")
-        with log:
-            process = subprocess.Popen(
-                [*ray_cli, "start", "--block", "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )  # in this process's group: the harness never takes its daemons for a job's orphans
-        self._starters[name] = process
-        return process
+        env = {**os.environ, **LOOPBACK_ENV, **LOG_MONITOR_ENV, **(extra_env or {})}
+        return self.daemons.start(name, [*args, *agent_ports()], env)
 
     def _connect(self, timeout: float) -> None:
         # this client joins as the cluster's processes do, for as long as it drives the cluster (Ray's
         # gRPC threads may read the token again at any time): the variables stay until close()
-        self._client_env.enter_context(_environment({**self._auth_env, INHERITED_TOKEN: None}))
+        self._client_env.enter_context(_environment({**self.daemons.auth_env, INHERITED_TOKEN: None}))
         _reload_ray_auth()
         deadline = time.monotonic() + timeout
         while True:
             if self._head is not None and self._head.poll() is not None:
-                raise BackendError(f"the local Ray head exited ({self._head.returncode}): {self._log_tail('head')}")
+                tail = self.daemons.log_tail("head")
+                raise BackendError(f"the local Ray head exited ({self._head.returncode}): {tail}")
             try:
                 self.ray.init(address=self.gcs_address, log_to_driver=False, logging_level="ERROR")
                 return
@@ -410,13 +345,6 @@ class LocalRayCluster(RayCluster):
                 if time.monotonic() > deadline:
                     raise BackendError(f"the local Ray head did not answer within {timeout:g} s: {exc}") from None
                 time.sleep(0.5)
-
-    def _log_tail(self, name: str) -> str:
-        try:
-            with open(os.path.join(str(self._temp_dir), f"{name}.log"), "rb") as log:
-                return log.read()[-600:].decode("utf-8", "replace")
-        except OSError:
-            return ""
 
     def _start_worker(self) -> tuple[str, str]:
         """Start one more worker node; it is placed on once it has joined (:meth:`_register`)."""
@@ -434,8 +362,7 @@ class LocalRayCluster(RayCluster):
         resources = json.dumps({**self.resources, marker: 1})
         own: dict[str, str] = {DRAIN_TIMEOUT_VARIABLE: f"{self.drain_timeout:g}"}
         if self.separate_folders:
-            own["TMPDIR"] = os.path.join(str(self._temp_dir), "nodes", name)
-            os.makedirs(own["TMPDIR"], mode=0o700)
+            own["TMPDIR"] = self.daemons.node_folder(name)
         self._ray_start(
             name,
             [
@@ -451,9 +378,9 @@ class LocalRayCluster(RayCluster):
     def _register(self, name: str, marker: str, timeout: float) -> RayNode:
         deadline = time.monotonic() + timeout
         while True:
-            starter = self._starters[name]
+            starter = self.daemons.starters[name]
             if starter.poll() is not None:
-                raise BackendError(f"Ray node {name} exited ({starter.returncode}): {self._log_tail(name)}")
+                raise BackendError(f"Ray node {name} exited ({starter.returncode}): {self.daemons.log_tail(name)}")
             for info in self.ray.nodes():
                 if info.get("Alive") and marker in info.get("Resources", {}):
                     resources = {k: float(v) for k, v in info["Resources"].items() if not k.startswith("node:")}
@@ -464,7 +391,7 @@ class LocalRayCluster(RayCluster):
                         self._changed.notify_all()
                     return node
             if time.monotonic() > deadline:
-                raise BackendError(f"Ray node {name} did not join within {timeout:g} s: {self._log_tail(name)}")
+                raise BackendError(f"Ray node {name} did not join within {timeout:g} s: {self.daemons.log_tail(name)}")
             time.sleep(0.2)
 
     def _joining(self) -> bool:
@@ -477,16 +404,11 @@ class LocalRayCluster(RayCluster):
             if self.nodes.pop(node.node_id, None) is None:
                 return f"node {node.name} already gone"
             self._changed.notify_all()
-        starter = self._starters.pop(node.name, None)
-        pids = descendants(starter.pid) if starter is not None else []
-        pids += [pid for pid, started in node.terminated if pid not in pids and start_time(pid) == started]
-        end(pids)
-        if starter is not None:
-            starter.wait()
-        _reap(pids)
-        self._killed += pids  # re-parented here later, some: reaped again when the cluster closes
+        # what its drain's SIGTERM saw below the daemon may have left the tree since: by identity
+        left_tree = [pid for pid, started in node.terminated if start_time(pid) == started]
+        killed = self.daemons.kill(node.name, left_tree)
         replacement = self._start_replacement(node)  # the one its notice started, if it had one
-        return f"node {node.name} removed: {len(pids)} process(es) on it SIGKILLed; {replacement} replaces it"
+        return f"node {node.name} removed: {killed} process(es) on it SIGKILLed; {replacement} replaces it"
 
     def drain(self, node: RayNode, grace_seconds: float) -> str:
         """The GCS drain, and the node's replacement started now, joining during the window (an
@@ -515,7 +437,7 @@ class LocalRayCluster(RayCluster):
         pod's PID 1: Ray 2.60's handler drains the node for preemption (deadline: its drain timeout)
         and waits until it is idle or the deadline, then ends every process of it and exits 1. No
         process of the job is signalled; what is left at the deadline is :meth:`remove`'s."""
-        starter = self._starters.get(node.name)
+        starter = self.daemons.starters.get(node.name)
         if starter is None or starter.poll() is not None:
             return f"node {node.name}'s ray start had already exited"
         node.terminated = [(pid, start_time(pid)) for pid in descendants(starter.pid)]
@@ -549,50 +471,10 @@ class LocalRayCluster(RayCluster):
             with contextlib.suppress(Exception):
                 self.ray.shutdown()
         self._client_env.close()  # this process's environment as it was
-        everything = [pid for starter in self._starters.values() for pid in descendants(starter.pid)]
-        workers = [n for n in self._starters if n != "head"]
-        for name in [*workers, "head"]:  # workers first: a raylet without its GCS waits to give up
-            starter = self._starters.get(name)
-            if starter is not None and starter.poll() is None:
-                starter.terminate()  # `ray start --block` ends its node's processes on SIGTERM
-        deadline = time.monotonic() + 15
-        for starter in self._starters.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                starter.wait(timeout=max(0.1, deadline - time.monotonic()))
-        everything += [pid for starter in self._starters.values() for pid in descendants(starter.pid)]
-        end(everything)  # what shutdown left (a worker process, a stuck raylet)
-        # what left the nodes' trees: by the cluster's marker, or, for an agent whose title hides
-        # its environment, by the logs it holds open in the cluster's folder
-        marker = f"{MARKER_VARIABLE}={self._marker}" if self._marker else None
-        everything += list(sweep(marker, Path(self._temp_dir) if self._temp_dir else None))
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and [p for p in everything if start_time(p) is not None]:
-            _reap(everything)
-            time.sleep(0.05)
-        _reap(everything)
-        _reap(self._killed)  # a removed node's processes, re-parented here since: their exits collected
-        left = [describe(p) for p in sorted(set(everything)) if start_time(p) is not None]
-        self._starters.clear()
-        if self._temp_dir is not None:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)
-            self._temp_dir = None
+        left = self.daemons.end()
         self.nodes.clear()
-        self._live.discard(self._live_entry)
         if left:
             raise BackendError(f"Ray processes survived the cluster's shutdown: {', '.join(left)}")
-
-
-def _agent_ports() -> list[str]:
-    """Each node's agents on ports of its own: Ray's fixed defaults would collide on one machine."""
-    agents = ("dashboard-agent-listen", "dashboard-agent-grpc", "runtime-env-agent", "metrics-export")
-    return [f"--{agent}-port={free_port()}" for agent in agents]
-
-
-def _reap(pids: list[int]) -> None:
-    """Collect the exit of each of ``pids`` that was re-parented here (this is their subreaper)."""
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
 
 
 class RemoteRayCluster(RayCluster):

@@ -12,10 +12,12 @@ of a checkpoint write, rotation or load. Standard library only, like the probe.
 
 Environment: SPOTCHAOS_CRASH_ROOT (the checkpoint directory), SPOTCHAOS_CRASH_LOG (JSON lines
 of the events seen), SPOTCHAOS_CRASH_AT (1-based index of the event to die before; 0 logs only),
-SPOTCHAOS_CRASH_AFTER_STEP (then SPOTCHAOS_CRASH_AT counts the events after the probe reported
+SPOTCHAOS_CRASH_AFTER_STEP (then SPOTCHAOS_CRASH_AT counts the events since the probe first reported
 that step, which the probe announces with the audit event ``spotchaos.step``: the same moment of
-a save whether the attempt trained from step 0 or resumed from a copy of an earlier checkpoint;
-each logged event carries the last step announced and its number since),
+a save whether the attempt trained from step 0 or resumed from a copy of an earlier checkpoint.
+The count runs on across later steps' reports: a save written in a thread ends one step or
+another by its timing, and its events keep their numbers either way. Each logged event carries
+the last step announced, its number since, and, armed, its number since that step: ``counted``),
 SPOTCHAOS_OUTSIDE_LOG (writes outside the checkpoint directory: each path the job writes,
 renames, makes or removes below SPOTCHAOS_OUTSIDE_WITHIN's folders (its run folder, its working
 folder) but not there nor in its attempt's own folder, once: what a copy of the checkpoint
@@ -52,6 +54,7 @@ _AFTER = int(_AFTER) if _AFTER else None
 _STEP_EVENT = "spotchaos.step"  # the probe's (spotchaos/probe.py STEP_AUDIT_EVENT)
 _step = None  # the last step the probe announced, and the events counted since
 _since = 0
+_counted = None  # the events since the probe first announced step _AFTER (what crash@S+N counts)
 _EVENTS = {"open", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree"}
 _OUTSIDE_LOG = os.environ.get("SPOTCHAOS_OUTSIDE_LOG")
 # what every run sees alike, or no later attempt sees: the attempt's own folder (its logs, events)
@@ -133,10 +136,12 @@ def _describe(event, args):
 
 
 def _hook(event, args):
-    global _count, _step, _since
+    global _count, _step, _since, _counted
     if event == _STEP_EVENT:
         with _lock:
             _step, _since = (args[0] if args else None), 0
+            if _counted is None and _AFTER is not None and _step == _AFTER:
+                _counted = 0
         return
     if not _torch_seen and "torch.serialization" in sys.modules:
         _announce_torch_saves()
@@ -153,6 +158,8 @@ def _hook(event, args):
         with _lock:
             _count += 1
             _since += 1
+            if _counted is not None:
+                _counted += 1
             kind, target = _describe(event, args)
             if _LOG:
                 record = {
@@ -164,10 +171,12 @@ def _hook(event, args):
                     "step": _step,
                     "since": _since,
                 }
+                if _counted is not None:
+                    record["counted"] = _counted
                 if os.environ.get("RANK") is not None:  # a torchrun rank: each numbers its own events
                     record["rank"] = int(os.environ["RANK"])
                 _append(_LOG, record)
-            if (_count if _AFTER is None else _since if _step == _AFTER else None) == _AT:
+            if (_count if _AFTER is None else _counted) == _AT:
                 _die()
     finally:
         _local.busy = False
@@ -321,7 +330,10 @@ def _install_hold():
     spec = importlib.util.spec_from_file_location("_spotchaos_hold_probe", os.environ["SPOTCHAOS_HOLD_PROBE"])
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
-    hold = probe.StepHold.from_env(int(os.environ.get("RANK") or 0), None)
+    if os.environ.get("SPOTCHAOS_NODE") and os.environ.get("RANK") is None:
+        return  # torchrun's agent: it tees its ranks' lines, each rank holds on its own stream
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    hold = probe.StepHold.from_env(int(os.environ.get("RANK") or 0), int(restart) if restart else None)
     if hold is None:
         return
     skip = os.environ.get("SPOTCHAOS_HOLD_SKIP")

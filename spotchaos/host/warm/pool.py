@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..leftovers import MARKER_VARIABLE, LiveJobs
-from ..processes import group_members, is_running, kill_group_until_gone, own_leaders, start_time
+from ..processes import Delivery, group_members, is_running, kill_group_until_gone, own_leaders, signal_tree, start_time
 
 ZYGOTE_FILE = Path(__file__).with_name("zygote.py")
 READY_TIMEOUT_SECONDS = 300.0  # importing torch on a loaded 2-core machine takes tens of seconds
@@ -238,7 +238,24 @@ class WarmHandle:
     """One attempt forked from a warm interpreter: the same contract as a process group started
     cold (``backends.subprocess.SubprocessHandle``), its exit status told by the interpreter."""
 
+    # the answers of backends.base.Handle a plain process group gives (this module sits below
+    # backends/ and cannot subclass the protocol): spelled out, the same values
     start_kind = "warm"
+    placement: dict | None = None
+    delivery_note = ""
+    notice_lag_seconds = 0.0
+    notice_window_seconds: float | None = None
+    launcher = "its launcher"
+    reclaim = None
+
+    def note_rank(self, rank: int, pid: object) -> None:
+        """One process, no ranks to find."""
+
+    def note_event(self, rank: int, step: int | None) -> None:
+        """One process, no ranks to time."""
+
+    def end_processes(self) -> None:
+        self.kill()
 
     def __init__(self, pid: int, status: socket.socket) -> None:
         self._pid = pid
@@ -247,19 +264,25 @@ class WarmHandle:
         self._orphaned = False
         self._cleaned = False
         self.identity = {"pid": pid, "start": start_time(pid)}
+        self.marker: str | None = None  # NAME=value every process of the attempt inherits
+        self.delivery: Delivery | None = None  # what the last signal to the whole job reached
 
     @property
     def pid(self) -> int:
         return self._pid
 
     def notify(self, signum: int, *, whole_group: bool) -> None:
+        if whole_group:
+            self.delivery = signal_tree(self._pid, signum, self.marker)
+            return
         with contextlib.suppress(ProcessLookupError):
-            if whole_group:
-                os.killpg(self._pid, signum)
-            else:
-                os.kill(self._pid, signum)
+            os.kill(self._pid, signum)
 
     def kill(self) -> None:
+        self.delivery = signal_tree(self._pid, signal.SIGKILL, self.marker)
+
+    def end_group(self) -> None:
+        """SIGKILL to the process group alone (the cleanup's: see SubprocessHandle.end_group)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._pid, signal.SIGKILL)
 

@@ -7,22 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...backends import Backend, Handle, LaunchSpec
 from ...config.jobs import JobSpec
+from ...config.placeholders import fill, latest_checkpoint, wants_latest
 from ...errors import JobError
-from ...faults import PREEMPTIONS
-from ...faults.notices import MetadataNotice, channel
+from ...faults import PREEMPTIONS, traits
 from ...faults.plan import Preemption
-from ...host.gpu_leases import GpuLease, GpuPool, GpuUnavailable
 from ...host.processes import end_escaped
-from ...probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_FINAL_TENSORS, ENV_RUN_ID
+from ...probe import ENV_EVENTS, ENV_RUN_ID
 from ...safety.safefs import UnsafeFile, last_lines, log_tail, read_text_bounded
 from ..events import EventReader
 from ..logadapter import LogEventReader, StepConvention
@@ -31,27 +28,19 @@ from ..restarts import diagnose
 from ..state.checkpoint_reader import ConfinedLoader
 from ..state.kept import keep, kept_dir
 from ..trajectory import Attempt, FaultRecord
+from .environment import AttemptEnvironment, RunContext
 from .hold import (
-    ENV_HOLD_PATTERN,
-    ENV_HOLD_PRINTED,
-    ENV_HOLD_PROBE,
-    ENV_HOLD_SKIP,
-    ENV_HOLD_STREAM,
     PROBE_FILE,
-    CheckpointHold,
     Hold,
 )
 from .landing import settle
 from .options import (
-    CHECKPOINT_PLACEHOLDER,
     CRASHPOINT_DIR,
     FINAL_TENSORS,
     FS_EVENTS,
-    FS_OUTSIDE,
-    FS_READS,
     EngineOptions,
 )
-from .warmth import may_start_warm, preload_of, start_environment
+from .warmth import preload_of
 from .watch import AttemptWatch
 
 TAIL_BYTES = 4000
@@ -76,6 +65,15 @@ class _Watched:
     start_kind: str  # "warm", or "cold" and why not warm
 
 
+def _latest(job: JobSpec, index: int, checkpoints: Path) -> Path | None:
+    """A restart's newest checkpoint, for ``{latest_checkpoint}`` in its resume arguments; a restart
+    with none starts fresh, as ``resume_if_exists`` does (config/placeholders.py)."""
+    if index == 0 or not wants_latest(job.argv(resume=True)):
+        return None
+    pattern = job.resume_if_exists or (job.log.checkpoints if job.log is not None else None)
+    return latest_checkpoint(checkpoints, pattern)
+
+
 class AttemptRun:
     """One attempt, a method a phase: the environment, the launch, the watch (start to teardown, in
     one ExitStack), and the record made of what happened. ``run()`` returns the attempt and the step
@@ -86,27 +84,16 @@ class AttemptRun:
         job: JobSpec,
         index: int,
         preemption: Preemption | None,
-        workdir: Path,
-        cwd: Path,
-        checkpoints: Path,
-        run_id: str,
-        backend: Backend,
+        context: RunContext,
         options: EngineOptions,
         previous: Attempt | None,
     ) -> None:
         self.job, self.index, self.preemption, self.previous = job, index, preemption, previous
-        self.workdir, self.cwd, self.checkpoints = workdir, cwd, checkpoints
-        self.run_id, self.backend, self.options = run_id, backend, options
-        self.crash_at = preemption.fs_event if preemption is not None else None
-        self.folder = workdir / f"attempt-{index}"
-        self.events_path = self.folder / "events.jsonl"
-        self.hold: Hold | None = None
-        self.checkpoint_hold: CheckpointHold | None = None
-        self.scratch: Path | None = None
-        self.start_env: dict[str, str] | None = None  # set with the environment, where it may start warm
-        self.metadata: MetadataNotice | None = None
-        self.lease: GpuLease | None = None
-        self.hooked = False
+        self.workdir, self.cwd, self.checkpoints = context.workdir, context.cwd, context.checkpoints
+        self.run_id, self.backend, self.options = context.run_id, context.backend, options
+        self.setup = AttemptEnvironment(job, index, preemption, context, options)
+        # derived once, by the environment that arms them
+        self.crash_at, self.folder, self.events_path = self.setup.crash_at, self.setup.folder, self.setup.events_path
 
     def run(self) -> tuple[Attempt, StepConvention | None]:
         try:
@@ -116,103 +103,22 @@ class AttemptRun:
                 f"{self.folder} already exists: the job wrote into the harness's own folders, refused"
             ) from None
         with contextlib.ExitStack() as resources:  # released on every way out, started or not
-            env = self._environment(resources)
-            resume = self.index > 0 and (
-                self.job.resume_if_exists is None or any(self.checkpoints.glob(self.job.resume_if_exists))
+            env = self.setup.build(resources)
+            latest = _latest(self.job, self.index, self.checkpoints)
+            resume = (
+                self.index > 0
+                and (self.job.resume_if_exists is None or any(self.checkpoints.glob(self.job.resume_if_exists)))
+                and (latest is not None or not wants_latest(self.job.argv(resume=True)))
             )
-            spec = self._launch_spec(env, resume)
+            spec = self._launch_spec(env, resume, latest)
             reader = self._reader(spec, env)
             watched = self._watch(spec, reader)
         return self._record(spec, reader, watched, resume)
 
-    def _environment(self, resources: contextlib.ExitStack) -> dict[str, str]:
-        """The job's environment: the contract's variables, and what this attempt's fault needs (the
-        hold, a crash point, a cloud's metadata, leased GPUs); each resource taken is given back by
-        ``resources``."""
-        job, options, preemption = self.job, self.options, self.preemption
-        self.hold = _arm_hold(job, preemption, options, self.folder)  # before the scratch folder
-        if self.hold is not None:
-            resources.callback(self.hold.close)
-        if options.snapshots is not None and self.index == 0:  # the reference: held at each checkpoint
-            self.checkpoint_hold = CheckpointHold(self.folder / "snapshot-hold", seconds=job.event_timeout_seconds / 2)
-            resources.callback(self.checkpoint_hold.close)
-        # The attempt's own temporary folder: what the job leaves there (multiprocessing's pymp-* folders
-        # of DataLoader workers killed mid-run) goes with the attempt instead of piling up in /tmp. Short,
-        # since multiprocessing puts Unix sockets in it (108 bytes at most); a container needs none: its
-        # own /tmp goes with it.
-        if job.container is None:
-            self.scratch = Path(tempfile.mkdtemp(prefix="spotchaos-tmp-"))
-            # fd-based: links inside are removed, never followed
-            resources.callback(shutil.rmtree, self.scratch, ignore_errors=True)
-        env = start_environment(self.backend, job)
-        # what the job's interpreter may start with before this attempt's own variables: a warm one
-        self.start_env = dict(env) if self._may_start_warm() else None
-        self.hooked = self.crash_at is not None or options.trace_fs or (self.hold is not None and job.log is not None)
-        if self.hooked:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CRASHPOINT_DIR), env.get("PYTHONPATH")]))
-        if self.crash_at is not None or options.trace_fs:
-            env.update(self._crash_environment())
-        env.update(
-            {
-                ENV_EVENTS: str(self.events_path),
-                ENV_CHECKPOINT_URI: self.checkpoints.as_uri(),
-                ENV_RUN_ID: self.run_id,
-                ENV_ATTEMPT: str(self.index),
-            }
-        )
-        if self.scratch is not None:
-            env["TMPDIR"] = str(self.scratch)
-        if job.exactness == "envelope" and job.log is None:
-            env[ENV_FINAL_TENSORS] = str(self.folder / FINAL_TENSORS)  # the probe saves the weights themselves
-        if self.checkpoint_hold is not None:
-            env.update(self.checkpoint_hold.environment())
-        if self.hold is not None:
-            env.update(self.hold.environment())
-            if job.log is not None:
-                env.update(_hook_hold_environment(job, self.hold, options.convention))
-        fault = PREEMPTIONS[preemption.fault] if preemption is not None and preemption.fault in PREEMPTIONS else None
-        if getattr(fault, "metadata", None):
-            self.metadata = channel(fault.metadata)  # type: ignore[union-attr]
-            resources.callback(self.metadata.close)
-            env.update(self.metadata.environment())
-        env.update(dict(options.extra_env))
-        # before the clock starts: a wait is no start-up time. A Ray node's GPUs are Ray's to hand out
-        self.lease = _lease_gpus(job, self.index, self.run_id, options) if self.backend.name != "ray" else None
-        if self.lease is not None:
-            resources.callback(self.lease.release)
-            if job.container is None:  # a container sees its devices only, numbered from 0
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(self.lease.devices)
-        return env
-
-    def _may_start_warm(self) -> bool:
-        """Where ``may_start_warm`` allows, in a session that keeps warm interpreters; the reference
-        run starts cold: its string-hash seed and imports are a fresh process's, as in production."""
-        return self.options.warm is not None and may_start_warm(self.job, self.backend)
-
-    def _crash_environment(self) -> dict[str, str]:
-        """A crash point armed, or every file-system event under the checkpoint folder traced."""
-        env = {
-            "SPOTCHAOS_CRASH_ROOT": str(self.checkpoints),
-            "SPOTCHAOS_CRASH_LOG": str(self.folder / FS_EVENTS),
-            "SPOTCHAOS_CRASH_AT": str(self.crash_at or 0),
-        }
-        if self.options.trace_fs:  # and what it writes elsewhere: a copy of its checkpoints would not hold it
-            env["SPOTCHAOS_OUTSIDE_LOG"] = str(self.folder / FS_OUTSIDE)
-            # where a write is the run's own or the job's (its run folder, its working folder), not a
-            # library's cache every run shares (torch's compiled kernels in the system's temporary folder)
-            env["SPOTCHAOS_OUTSIDE_WITHIN"] = os.pathsep.join(map(str, (self.workdir, self.cwd)))
-            env["SPOTCHAOS_READS_LOG"] = str(self.folder / FS_READS)  # and what it read: the cache's proof
-        if self.preemption is not None and self.preemption.after_step is not None:
-            env["SPOTCHAOS_CRASH_AFTER_STEP"] = str(self.preemption.after_step)
-        rank = self.preemption.crash_rank if self.preemption is not None else None
-        if rank is not None or (self.options.trace_rank is not None and self.job.launcher == "torchrun"):
-            env["SPOTCHAOS_CRASH_RANK"] = str(rank if rank is not None else self.options.trace_rank)
-        return env
-
-    def _launch_spec(self, env: dict[str, str], resume: bool) -> LaunchSpec:
+    def _launch_spec(self, env: dict[str, str], resume: bool, latest: Path | None = None) -> LaunchSpec:
         # "{checkpoint_dir}" in a command is the run's own checkpoint directory: a script that takes
         # an output directory writes where the harness works on copies.
-        argv = tuple(a.replace(CHECKPOINT_PLACEHOLDER, str(self.checkpoints)) for a in self.job.argv(resume=resume))
+        argv = tuple(fill(a, self.checkpoints, latest) for a in self.job.argv(resume=resume))
         return LaunchSpec(
             argv=argv,
             env=env,
@@ -221,10 +127,11 @@ class AttemptRun:
             stderr_path=self.folder / "stderr.log",
             grace_seconds=float(self.job.grace_seconds or 30.0),
             writable=(self.workdir,),
-            readable=(CRASHPOINT_DIR, PROBE_FILE) if self.hooked else (),
-            gpus=self.lease.devices if self.lease is not None else (),
-            start_env=self.start_env,
+            readable=(CRASHPOINT_DIR, PROBE_FILE) if self.setup.hooked else (),
+            gpus=self.setup.lease.devices if self.setup.lease is not None else (),
+            start_env=self.setup.start_env,
             preload=preload_of(self.job),
+            marker=f"{ENV_RUN_ID}={self.run_id}",
         )
 
     def _reader(self, spec: LaunchSpec, env: dict[str, str]) -> EventReader | LogEventReader:
@@ -242,22 +149,26 @@ class AttemptRun:
             cwd=self.cwd,
             folder=self.folder,
             writable=spec.writable,
-            start_env=self.start_env,
+            start_env=self.setup.start_env,
             preload=preload_of(job),
         )
-        latency = getattr(self.backend, "log_latency_seconds", 0.0)  # the backend's own: a container's lines come late
-        return LogEventReader(log_path, job.log, self.checkpoints, job.name, confined, self.options.convention, latency)
+        latency = self.backend.log_latency_seconds  # the backend's own: a container's lines come late
+        # a torchrun job's rank 0 writes its own log in torchrun's folder: read there, not a tee's poll later
+        lines = torchrun.RankLogLines(torchrun.log_dir(spec), job.log.stream) if job.kind.local_ranks else None
+        return LogEventReader(
+            log_path, job.log, self.checkpoints, job.name, confined, self.options.convention, latency, lines
+        )
 
     def _watch(self, spec: LaunchSpec, reader: EventReader | LogEventReader) -> _Watched:
         """Start the job, watch it to its end, and end whatever it left behind."""
         handle = _start(self.backend, self.job, spec, self.run_id)
         # written down for the next pytest, should this one die: who runs, and the folder to remove
-        scratch = str(self.scratch) if self.scratch is not None else None
-        entry = self.options.live.add(self.run_id, {**getattr(handle, "identity", {}), "scratch": scratch})
+        scratch = str(self.setup.scratch) if self.setup.scratch is not None else None
+        entry = self.options.live.add(self.run_id, {**handle.identity, "scratch": scratch})
         on_checkpoint = None
         keep_mode = self.options.keep_checkpoints
         keeping = keep_mode == "all" or (keep_mode == "resumed" and self.index > 0)
-        snapshots, held = self.options.snapshots, self.checkpoint_hold
+        snapshots, held = self.options.snapshots, self.setup.checkpoint_hold
         if keeping or held is not None:
 
             def on_checkpoint(event: dict) -> None:
@@ -268,7 +179,14 @@ class AttemptRun:
 
         preemption = None if self.crash_at is not None else self.preemption
         watch = AttemptWatch(
-            self.job, handle, reader, preemption, self.options.preempt_when, on_checkpoint, self.metadata, self.hold
+            self.job,
+            handle,
+            reader,
+            preemption,
+            self.options.preempt_when,
+            on_checkpoint,
+            self.setup.metadata,
+            self.setup.hold,
         )
         orphans: list[int] = []
         escaped: list[str] = []
@@ -285,11 +203,9 @@ class AttemptRun:
             finally:
                 # a process that left the job's group (setsid, a double fork) still carries the run's marker;
                 # one that dropped its environment too was re-parented to the harness, its subreaper
-                escaped = end_escaped(f"{ENV_RUN_ID}={self.run_id}", getattr(handle, "identity", {}).get("start"))
+                escaped = end_escaped(f"{ENV_RUN_ID}={self.run_id}", handle.identity.get("start"))
                 self.options.live.discard(entry)
-        return _Watched(
-            watch, orphans, escaped, getattr(handle, "placement", None), getattr(handle, "start_kind", "cold")
-        )
+        return _Watched(watch, orphans, escaped, handle.placement, handle.start_kind)
 
     def _record(
         self,
@@ -301,8 +217,8 @@ class AttemptRun:
         """What the attempt did, judged as far as one attempt can be: a clean exit with no step
         matched, a torn event line, an exit nobody provoked, a restart that failed and why."""
         job, watch = self.job, watched.watch
-        if self.metadata is not None and watch.fault is not None and watch.delivered_at is not None:
-            watch.fault.detail = self.metadata.how_it_was_read(watch.delivered_at)  # did the trainer read it
+        if self.setup.metadata is not None and watch.fault is not None and watch.delivered_at is not None:
+            watch.fault.detail = self.setup.metadata.how_it_was_read(watch.delivered_at)  # did the trainer read it
         learned = self._finish_reader(spec, reader, watch)
         attempt = Attempt(
             index=self.index,
@@ -317,11 +233,11 @@ class AttemptRun:
             stdout_tail=_tail(spec.stdout_path),
             # torchrun's agent ends with a banner of its own: the ranks' exceptions are further up
             stderr_tail=_tail(spec.stderr_path, TAIL_BYTES * (4 if job.multi_rank else 1)),
-            gpus=self.lease.describe() if self.lease is not None else None,
+            gpus=self.setup.lease.describe() if self.setup.lease is not None else None,
             placement=watched.placement,
             start_kind=watched.start_kind,
         )
-        if job.launcher == "torchrun" and watch.fault is not None:
+        if job.kind.local_ranks and watch.fault is not None:
             attempt.launcher_signalled = torchrun.exited_on_notice(attempt.stderr_tail)
             attempt.launcher_killed = torchrun.killed_workers(attempt.stderr_tail)
             attempt.launcher_shutdown_seconds = torchrun.shutdown_seconds(job, spec.env)
@@ -333,7 +249,9 @@ class AttemptRun:
         if self.crash_at is not None:
             attempt.fault = _crash_record(self.preemption, attempt, self.folder / FS_EVENTS)
         elif attempt.fault is not None:
-            settle_landing(attempt, attempt.fault, self.hold, job, deliberate=self.options.preempt_when is not None)
+            settle_landing(
+                attempt, attempt.fault, self.setup.hold, job, deliberate=self.options.preempt_when is not None
+            )
         restarted = self.previous is not None and attempt.exit_code != 0 and self.options.judge_restarts
         if attempt.fault is None and restarted:
             argv = list(spec.argv) if resume else None
@@ -367,74 +285,16 @@ class AttemptRun:
         return learned
 
 
-def _lease_gpus(job: JobSpec, index: int, run_id: str, options: EngineOptions) -> GpuLease | None:
-    """The GPUs this attempt holds for its whole life, distinct from every other attempt's on the
-    machine; None for a job that needs none. No GPU at all is a skip (GpuUnavailable)."""
-    request = job.gpu_request
-    if request is None:
-        return None
-    pool = options.gpus or GpuPool()
-    if not pool.devices:
-        raise GpuUnavailable(
-            f"{job.where('gpus')}: the job asks for GPUs ({request}) and this machine has none ({pool.source} "
-            "lists none; declare them with [tool.spotchaos] gpus or SPOTCHAOS_GPUS)"
-        )
-    count = len(pool.devices) if request == "all" else int(request)
-    holder = {"job": job.name, "attempt": index, "run": run_id}
-    return pool.lease(count, holder, timeout=job.attempt_timeout_seconds)
-
-
-def _arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOptions, folder: Path) -> Hold | None:
-    """The hold for this attempt's fault, or None where the fault needs none (a crash point is
-    armed inside the job, a rerun waits for the end) or must not have one (a fault that waits for
-    an upload in flight: a held job uploads nothing)."""
-    if preemption is None or preemption.fs_event is not None or options.preempt_when is not None:
-        return None
-    fault = PREEMPTIONS.get(preemption.fault)
-    if fault is None or preemption.fault == "rerun":
-        return None
-    target = getattr(fault, "target", None)  # a rank's fault holds that rank; a node's, its first rank
-    rank = 0 if target is None else target
-    node_fault = preemption.fault.startswith(("lose-node", "drain-node"))
-    if node_fault and job.launcher == "torchrun":  # Ray Train's: rank r's node
-        rank = target * job.nproc_per_node
-    if preemption.fault.startswith("drain-node") and job.launcher == "ray-train":
-        # every rank reads the drain through get_preemption_info(), which is rank 0's answer
-        # broadcast (Ray 2.60): held anywhere else, rank 0 would already have answered None
-        rank = 0
-    # the job's side gives up after half the silence the harness allows, so a hold never reads as a hang
-    # a container's numeric user gets the hold's FIFOs as its own (else they stay the harness's)
-    owner = job.container.uid if job.container is not None else None
-    seconds = job.event_timeout_seconds / 2
-    return Hold(folder / "hold", preemption.at_step, rank=rank, seconds=seconds, owner=owner)
-
-
-def _hook_hold_environment(job: JobSpec, hold: Hold, convention: StepConvention | None) -> dict[str, str]:
-    """What the in-process hook of an unmodified script needs to know its planned step's line: the
-    job's own pattern, and the number the script prints for that step."""
-    assert job.log is not None
-    first = convention.first_step if convention is not None else (job.log.first_step or 0)
-    env = {
-        ENV_HOLD_PATTERN: job.log.pattern,
-        ENV_HOLD_STREAM: job.log.stream,
-        ENV_HOLD_PROBE: str(PROBE_FILE),
-        ENV_HOLD_PRINTED: str(hold.at + first),
-    }
-    if job.log.rollback_pattern:
-        env[ENV_HOLD_SKIP] = job.log.rollback_pattern
-    return env
-
-
 def settle_landing(
     attempt: Attempt, fault: FaultRecord, hold: Hold | None, job: JobSpec, *, deliberate: bool = False
 ) -> None:
     """Where the fault landed (spotchaos/training/engine/landing.py), from the attempt's events and the hold.
     ``deliberate``: the family held the fault back on purpose (until an upload was in flight), so
     where it landed is recorded but is not lateness."""
-    if fault.fault == "rerun" or fault.fault.startswith("crash"):
+    if traits(fault.fault).reruns or traits(fault.fault).armed_by_environment:
         return
     kind = PREEMPTIONS.get(fault.fault)
-    ends_job = kind is not None and not kind.graceful and not getattr(kind, "continues", False)
+    ends_job = kind is not None and not kind.graceful and not kind.continues
     held = hold.poll() if hold is not None else None
     settle(
         fault,
@@ -463,15 +323,23 @@ def _start_seconds(watch: AttemptWatch) -> float | None:
     return None if ended is None else ended - watch.started
 
 
+def _start_ray_train(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> Handle:
+    if not hasattr(backend, "start_job"):  # the session's Ray Train backend; imported only for such a job
+        raise JobError(f"{job.where('launcher')}: a Ray Train job needs the session's Ray cluster (spotchaos[ray])")
+    return backend.start_job(job, spec, run_id)
+
+
+# each launcher's way to start an attempt, by the name a job declares: looked up once, here
+STARTERS: dict[str, Callable[[Backend, JobSpec, LaunchSpec, str], Handle]] = {
+    "python": lambda backend, job, spec, run_id: backend.start(spec),
+    "torchrun": torchrun.start,
+    "ray-train": _start_ray_train,
+}
+
+
 def _start(backend: Backend, job: JobSpec, spec: LaunchSpec, run_id: str) -> Handle:
     """One attempt started by its launcher: torchrun's agents, a Ray Train driver, else the command."""
-    if job.launcher == "torchrun":
-        return torchrun.start(backend, job, spec, run_id)
-    if job.launcher == "ray-train":
-        if not hasattr(backend, "start_job"):
-            raise JobError(f"{job.where('launcher')}: a Ray Train job needs the session's Ray cluster (spotchaos[ray])")
-        return backend.start_job(job, spec, run_id)
-    return backend.start(spec)
+    return STARTERS[job.launcher](backend, job, spec, run_id)
 
 
 def read_fs_events(path: Path) -> list[dict]:
@@ -503,9 +371,10 @@ def _crash_record(planned: Preemption, attempt: Attempt, log: Path) -> FaultReco
     events = read_fs_events(log) if log.exists() else []
     if after is None:
         hit = [e for e in events if e["index"] == crash_at]
-    else:  # counted from the job's report of step ``after`` (the hook logs the last step and the count since)
-        hit = [e for e in events if e.get("step") == after and e.get("since") == crash_at]
-    if not hit or (attempt.exit_code != -9 and name == "crash"):
+    else:  # counted from the job's first report of step ``after`` (the hook logs that count, armed)
+        hit = [e for e in events if e.get("counted") == crash_at]
+    whole_job = not traits(name).targeted  # a rank's crash point ends its launcher otherwise than by SIGKILL
+    if not hit or (attempt.exit_code != -9 and whole_job):
         return None
     steps = attempt.steps
     where = f"file-system event {crash_at}" if after is None else f"file-system event {crash_at} after step {after}"
@@ -525,7 +394,7 @@ def _check_unprovoked_exit(job: JobSpec, attempt: Attempt) -> None:
     last = attempt.steps[-1].step if attempt.steps else None
     at = f"after step {last}" if last is not None else "before its first step"
     if attempt.exit_code != 0:
-        died = torchrun.rank_errors(attempt.stderr_tail) if job.launcher == "torchrun" else ""
+        died = torchrun.rank_errors(attempt.stderr_tail) if job.kind.local_ranks else ""
         cause = f"the ranks died with: {died}" if died else f"stderr (last lines):\n{last_lines(attempt.stderr_tail)}"
         raise JobError(
             f"job {job.name!r} exited with status {attempt.exit_code} in attempt {attempt.index} {at}, "

@@ -24,6 +24,7 @@ from pathlib import Path
 from ...probe import (
     ENV_HOLD_AT,
     ENV_HOLD_DIR,
+    ENV_HOLD_PHASE,
     ENV_HOLD_RANK,
     ENV_HOLD_SECONDS,
     ENV_SNAPSHOT_HOLD_DIR,
@@ -53,7 +54,14 @@ class Hold:
     """One attempt's hold at step ``at`` (0-based), owned from before the launch to the cleanup."""
 
     def __init__(
-        self, folder: Path, at: int, *, rank: int = 0, seconds: float = 30.0, owner: int | None = None
+        self,
+        folder: Path,
+        at: int,
+        *,
+        rank: int = 0,
+        seconds: float = 30.0,
+        owner: int | None = None,
+        phase: str | None = None,
     ) -> None:
         folder.mkdir(mode=0o700)  # fails if it exists: never a folder the job made
         self.folder = folder
@@ -61,6 +69,7 @@ class Hold:
         # nobody else can release a held job, steal its release or fake an announcement
         self.owner = owner if owner is not None and owner != os.getuid() else None
         self.at = at
+        self.phase = phase  # held at the start of the first such phase after step ``at``, not at the step
         self.rank = rank
         self.seconds = seconds
         self.held_step: int | None = None  # what the job announced, once it did
@@ -95,6 +104,7 @@ class Hold:
             ENV_HOLD_DIR: str(self.folder),
             ENV_HOLD_RANK: str(self.rank),
             ENV_HOLD_SECONDS: f"{self.seconds:g}",
+            **({ENV_HOLD_PHASE: self.phase} if self.phase is not None else {}),
         }
 
     def poll(self) -> int | None:

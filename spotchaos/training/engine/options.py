@@ -29,9 +29,6 @@ FS_OUTSIDE = "fs-outside.jsonl"  # what a traced attempt wrote outside its check
 FINAL_TENSORS = "final-tensors.pt"
 
 
-CHECKPOINT_PLACEHOLDER = "{checkpoint_dir}"
-
-
 @dataclass(frozen=True)
 class EngineOptions:
     root: Path  # where relative job paths are resolved: the project root

@@ -15,14 +15,18 @@ from dataclasses import replace
 from pathlib import Path
 
 from ...backends import SubprocessBackend
+from ...config.exit_status import SLURM
 from ...config.jobs import JobSpec
+from ...config.placeholders import working_folder
 from ...errors import JobError
+from ...faults import slurm, traits
 from ...faults.plan import Plan
 from ..multirank.group_restarts import split_group_restarts
 from ..state.kept import kept_dir
 from ..trajectory import Attempt, FaultRecord, RunRecord
 from .attempt import AttemptRun
 from .damage import damage_newest
+from .environment import RunContext, attempt_folder
 from .options import EngineOptions
 from .warmth import as_attempt
 
@@ -43,7 +47,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
     if options.keep_checkpoints:
         kept_dir(workdir).mkdir()  # the harness's own, made before the job starts: never a link the job made
     run_id = uuid.uuid4().hex[:12]
-    cwd = (options.root / job.cwd) if job.cwd else options.root
+    cwd = working_folder(job.cwd, options.root, checkpoints)
     if not cwd.is_dir():
         raise JobError(f"{job.where('cwd')}: directory {cwd} does not exist")
     started = time.monotonic()
@@ -64,18 +68,20 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         resharded = index > 0 and options.resume_nproc is not None
         attempt_job = replace(job, nproc_per_node=options.resume_nproc) if resharded else job
         attempt_job = as_attempt(attempt_job, restart=index > first)
-        attempt, learned = AttemptRun(
-            attempt_job, index, preemption, workdir, cwd, checkpoints, run_id, backend, options, previous
-        ).run()
+        context = RunContext(workdir, cwd, checkpoints, run_id, backend)
+        attempt, learned = AttemptRun(attempt_job, index, preemption, context, options, previous).run()
         attempts.append(attempt)
+        if job.platform in SLURM:  # whether it asked for its restart, as the stand-in's scontrol recorded
+            slurm_id = slurm.job_id(run_id, index, requeue=job.platform == "slurm-requeue")
+            attempt.requeued = slurm.requeued(attempt_folder(context, index), slurm_id)
         convention = convention or learned
         log.info("job %s, plan %s, attempt %d: %s", job.name, plan, index, _attempt_line(attempt))
-        if preemption is not None and preemption.fault == "rerun" and attempt.final is not None:
+        if preemption is not None and traits(preemption.fault).reruns and attempt.final is not None:
             attempt.fault = _rerun_record(attempt)  # finished: started again on the same checkpoints
             continue
         if attempt.fault is None or attempt.final is not None:
             break  # finished (or failed without a preemption: the verdict says which)
-        if job.launcher == "ray-train" and attempt.exit_code == 0:
+        if job.kind.cluster_ranks and attempt.exit_code == 0:
             break  # Ray Train called the run finished (its train function returned): nothing starts it again
         if preemption is not None and preemption.damage:
             attempt.damage = damage_newest(preemption.damage, preemption.pick, attempts, checkpoints)
@@ -115,11 +121,25 @@ def _attempt_line(attempt: Attempt) -> str:
     fault = attempt.fault
     if fault is None:
         what = "no fault"
-    elif fault.fault == "crash" or fault.fault.startswith("crash-rank"):
+    elif traits(fault.fault).armed_by_environment:
         what = f"{fault.fault} {fault.detail}"
     else:
-        what = f"{fault.fault} sent after step {fault.observed_step}"
+        inside = f", inside {fault.inside}" if fault.inside else ""
+        what = f"{fault.fault} sent after step {fault.observed_step}{inside}"
     return f"{what}; exit {attempt.exit_code} after {attempt.wall_seconds:.1f} s"
+
+
+CRASH_POINT_TRIES = 3  # runs of one plan whose crash point, counted from a step, did not fire
+
+
+def missed_crash_point(plan: Plan, record: RunRecord, failures: list[str]) -> bool:
+    """Whether the run's only failures are crash points counted from a step (``crash@S+N``) that
+    never fired: the job made fewer file-system events after that step than its reference did (a
+    checkpoint written in a thread lands before or after a step by its timing). Such a run tested
+    nothing, and says nothing of the job; any other failure is evidence and stands."""
+    counted = {str(p) for p in plan.preemptions if p.fs_event is not None and p.after_step is not None}
+    missed = [u for u in record.unfired if u.split(" never fired", 1)[0] in counted]
+    return bool(missed) and len(missed) == len(record.unfired) == len(failures)
 
 
 def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]:
@@ -142,6 +162,12 @@ def _unfired(plan: Plan, attempts: list[Attempt]) -> tuple[list[str], list[str]]
             unfired.append(
                 f"{planned} never fired: attempt {index} made fewer than {planned.fs_event} file-system events{since} "
                 "under its checkpoint directory (crash@N counts those events, not steps)"
+            )
+        elif planned.phase is not None and (attempt.steps and attempt.steps[-1].step >= planned.at_step):
+            unfired.append(
+                f"{planned} never fired: attempt {index} began no {planned.phase!r} phase after step "
+                f"{planned.at_step} (its probe's phase({planned.phase!r}) marks one) before it ended after step "
+                f"{attempt.steps[-1].step}"
             )
         else:
             last = attempt.steps[-1].step if attempt.steps else None

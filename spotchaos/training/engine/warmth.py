@@ -59,7 +59,7 @@ def may_start_warm(job: JobSpec, backend: Any) -> bool:
     process; its workers are Ray's), on a backend that keeps warm interpreters (a container's or a
     Ray node's processes start cold)."""
     return (
-        getattr(backend, "warm", None) is not None
+        backend.warm is not None
         and job.warm
         and job.container is None
         and LOCAL_BACKEND.get(job.launcher) == backend.name

@@ -5,13 +5,15 @@ hangs, never starts or outlives its grace window ends in one line naming which."
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 
 from ...backends import Handle
+from ...config.exit_status import slurm_lead
 from ...config.jobs import JobSpec
-from ...errors import JobError
-from ...faults import PREEMPTIONS
+from ...errors import BackendError, JobError
+from ...faults import PREEMPTIONS, PreemptionFault, traits
 from ...faults.notices import MetadataNotice
 from ...faults.plan import Preemption
 from ...host.extension_locks import build_lock_note
@@ -27,6 +29,20 @@ POLL_SECONDS = 0.003
 # worker it kills is dead, and its death seen by the main process, before the main process goes
 # on (released at once, a fast job's checkpoint and exit raced the workers' deaths)
 GROUP_SETTLE_SECONDS = 0.5
+
+
+def _lead(job: JobSpec) -> float:
+    """Seconds from Slurm's warning signal to its SIGTERM (the job's ``slurm_signal``)."""
+    return slurm_lead(job.slurm_signal)[1]
+
+
+def _window(job: JobSpec, fault: PreemptionFault, handle: Handle) -> float | None:
+    """The window a graceful fault gives: the job's grace, a launcher's own (KubeRay's drain
+    timeout), or Slurm's lead plus its KillWait (the job's grace)."""
+    if fault.warns:
+        return _lead(job) + float(job.grace_seconds or 30.0)
+    window = handle.notice_window_seconds
+    return job.grace_seconds if window is None else window
 
 
 class AttemptWatch:
@@ -58,9 +74,11 @@ class AttemptWatch:
         self.first_step_at: float | None = None  # the start-up ends here: imports, model, restore done
         self.last_event_at = self.started
         self.last_step: int | None = None
+        self.phase_entered: int | None = None  # the step after which the planned phase began (``sigterm@7/eval``)
         self.fault: FaultRecord | None = None
         self.delivered_at: float | None = None
         self.reclaimed = False  # the grace window's end took the nodes of a job that runs on (Ray Train)
+        self.termed = False  # a Slurm warning's SIGTERM, sent its lead after the warning
         self.exit_code: int | None = None
 
     def run(self) -> None:
@@ -86,7 +104,6 @@ class AttemptWatch:
         if self.first_event_at is None:
             self.first_event_at = now
         self.last_event_at = now
-        ranks = getattr(self.handle, "note_event", None)  # a torchrun job: which rank said what, and when
         # the held rank's steps time the plan's fault (rank 0's when none is held): delivered as it
         # holds, never while it runs on, released by a fault that came first for another rank's step
         timing = self.hold.rank if self.hold is not None else 0
@@ -96,28 +113,48 @@ class AttemptWatch:
                 self.first_step_at = now
             if event["event"] == "step" and rank == timing:
                 self.last_step = event["step"]
+            elif event["event"] == "phase" and rank == timing:
+                self._note_phase(event)
             elif event["event"] == "notice" and self.hold is not None and rank == self.hold.rank:
                 self.release_by = now  # the held rank has the forwarded notice: it may go on
             elif event["event"] == "checkpoint" and self.on_checkpoint is not None:
                 self.on_checkpoint(event)  # a copy of it, or of the folder, while the job may hold
                 self.last_event_at = time.monotonic()  # the harness's own time is no silence of the job
-            if ranks is not None and isinstance(rank, int):
+            if isinstance(rank, int):  # a multi-rank handle times its ranks by them (which rank said what, when)
                 if event["event"] == "start":
                     self.handle.note_rank(rank, event.get("pid"))
-                ranks(rank, event["step"] if event["event"] == "step" else None)
+                self.handle.note_event(rank, event["step"] if event["event"] == "step" else None)
+
+    def _note_phase(self, event: dict) -> None:
+        """The planned phase began after the planned step: the job holds there for its fault."""
+        p, step = self.preemption, event.get("step")
+        if p is None or p.phase is None or self.phase_entered is not None or event.get("state") != "begin":
+            return
+        if event.get("name") == p.phase and isinstance(step, int) and step >= p.at_step:
+            self.phase_entered = step
 
     def _maybe_preempt(self, now: float) -> None:
         p = self.preemption
         if p is None or self.fault is not None or self.last_step is None or self.last_step < p.at_step:
             return
-        if p.fault == "rerun":
+        if p.phase is not None and self.phase_entered is None:
+            return  # a fault inside a phase waits for the phase to begin
+        if traits(p.fault).reruns:
             return  # the job runs to its end; run_job starts it again
         if self.preempt_when is not None and not self.preempt_when():
             return
         if isinstance(self.reader, LogEventReader):  # the checkpoints on disk now came before the fault
             self._consume(now, self.reader.look_now())
         fault = PREEMPTIONS[p.fault]
+        before = self.handle.delivery
         fault.apply(self.handle)
+        delivery = self.handle.delivery
+        delivery = delivery if delivery is not before else None
+        if delivery is not None and delivery.outlived:
+            raise BackendError(
+                f"{delivery.signal} reached {len(delivery.reached)} process(es) of job {self.job.name!r}, but "
+                f"{'; '.join(delivery.outlived)} still ran 2 s later: a harness error, not a landed fault"
+            )
         if self.metadata is not None:  # the notice goes up on the metadata; the deadline is the grace window's end
             self.metadata.deliver(self.handle, time.time() + float(self.job.grace_seconds or 30.0))
         self.delivered_at = now
@@ -128,14 +165,14 @@ class AttemptWatch:
             delivered_at=now - self.started,
             delivered_wall=time.time(),
             # the window the notice gave: the job's grace, or the launcher's own (KubeRay's drain timeout)
-            grace_seconds=getattr(self.handle, "notice_window_seconds", self.job.grace_seconds)
-            if fault.graceful
-            else None,
-            detail=getattr(self.handle, "delivery_note", ""),  # what the notice met on its way in
+            grace_seconds=_window(self.job, fault, self.handle) if fault.graceful else None,
+            detail=self.handle.delivery_note,  # what the notice met on its way in
+            inside=f"the job's {p.phase} phase, begun after step {self.phase_entered}" if p.phase else None,
+            reached=delivery.reached if delivery is not None else [],
         )
         if self.hold is not None:  # a notice a launcher passes on (torchrun's agent, Ray Train's watcher) comes later
-            lag = getattr(self.handle, "notice_lag_seconds", 0.0) if fault.graceful else 0.0
-            if getattr(fault, "whole_group", False):  # every process hears it before the job goes on
+            lag = self.handle.notice_lag_seconds if fault.graceful else 0.0
+            if fault.whole_group:  # every process hears it before the job goes on
                 lag = max(lag, GROUP_SETTLE_SECONDS)
             self.release_by = now + min(lag, float(self.job.grace_seconds or 30.0) / 2)
             self._maybe_release(now)
@@ -150,12 +187,15 @@ class AttemptWatch:
     def _enforce_deadlines(self, now: float) -> None:
         if self.fault is not None and self.delivered_at is not None:
             fault = PREEMPTIONS[self.fault.fault]
+            if fault.warns and not self.termed and now - self.delivered_at >= _lead(self.job):
+                self.termed = True  # Slurm: the warning's lead is over, SIGTERM to every process, KillWait runs
+                self.handle.notify(signal.SIGTERM, whole_group=True)
             if self.fault.grace_seconds is not None and now - self.delivered_at > self.fault.grace_seconds:
                 self._grace_over()
-            if getattr(fault, "hangs", False):
+            if fault.hangs:
                 self._detect_hang(now)
                 return
-            if not getattr(fault, "continues", False) and not self.reclaimed:
+            if not fault.continues and not self.reclaimed:
                 return  # the job is being preempted: the grace window, not hang detection, applies
         if self.first_event_at is None:
             if now - self.started > self.job.start_timeout_seconds and self.job.log is not None:
@@ -187,13 +227,9 @@ class AttemptWatch:
                     f"step {self.last_step} (hang_timeout_seconds): {self.handle.describe_hang()}"
                 )
             else:
-                why = (
-                    "does its group restart fail to rendezvous?"
-                    if self.job.launcher == "torchrun"
-                    else "can the cluster place its ScalingConfig's workers again (its controller's log below)?"
-                )
+                why = self.job.kind.silent_group_hint
                 raise JobError(
-                    f"job {self.job.name!r}: {getattr(self.handle, 'launcher', 'its launcher')} started no rank for "
+                    f"job {self.job.name!r}: {self.handle.launcher} started no rank for "
                     f"{self.job.start_timeout_seconds:g} s after step {self.last_step} (start_timeout_seconds): {why}"
                 )
         elif now - self.last_event_at > self.job.event_timeout_seconds:
@@ -213,11 +249,11 @@ class AttemptWatch:
         assert self.fault is not None
         if self.reclaimed:
             return  # the nodes went at the window's end already
-        reclaim = getattr(self.handle, "reclaim", None)
+        reclaim = self.handle.reclaim
         if reclaim is not None:
             self.reclaimed = True
             reclaim()
-        elif getattr(PREEMPTIONS[self.fault.fault], "reclaims", False):
+        elif PREEMPTIONS[self.fault.fault].reclaims:
             # one node's window is over: its VM goes, and the torchrun job, whose other agents cannot
             # finish without it (they wait in torchrun's exit barrier), ends with it
             self.reclaimed = True

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ...backends.base import Handle
 from ...config.jobs import JobSpec
 from ...errors import BackendError, JobError
-from ...host.processes import PROC, carrying, end, start_time
+from ...host.processes import PROC, Delivery, carrying, end, start_time
 from ...probe import ENV_RUN_ID
 
 
@@ -38,10 +38,9 @@ class RankProcess:
     last_step: int | None = None
 
 
-class RankedHandle(abc.ABC):
+class RankedHandle(Handle, abc.ABC):
     """Every process a launcher started for one attempt (``nodes``) and every rank they run."""
 
-    launcher = ""  # for messages: what started the ranks
     notice_lag_seconds = 0.0  # how long a notice takes to reach the ranks (a held rank waits for it)
 
     def __init__(self, job: JobSpec, run_id: str) -> None:
@@ -52,6 +51,7 @@ class RankedHandle(abc.ABC):
         self.ranks: dict[int, RankProcess] = {}
         self.delivery_note = ""
         self.lost: list[str] = []  # what lose_node did, for the fault record
+        self.delivery: Delivery | None = None  # what the last signal to the whole job reached
         self.identity: dict = {}
 
     # --- what the engine learns from the events -------------------------------------------------
@@ -140,11 +140,23 @@ class RankedHandle(abc.ABC):
             for pid in carrying(self.marker):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signum)
+            self.delivery = self._joined(signum)
 
     def kill(self) -> None:
         for node in self.nodes:
             node.handle.kill()
         end(carrying(self.marker))
+        self.delivery = self._joined(signal.SIGKILL)
+
+    def _joined(self, signum: int) -> Delivery:
+        """What one signal to every node reached, from each node's own delivery where it keeps one."""
+        joined = Delivery(signal.Signals(signum).name)
+        for node in self.nodes:
+            delivery = node.handle.delivery
+            if delivery is not None:
+                joined.reached += delivery.reached
+                joined.outlived += delivery.outlived
+        return joined
 
     def poll(self) -> int | None:
         codes = [node.handle.poll() for node in self.nodes]
@@ -171,7 +183,7 @@ class RankedHandle(abc.ABC):
         while True:
             end(carrying(self.marker))
             for node in self.nodes:  # the job's processes, not the machine: a Ray node stays in the cluster
-                getattr(node.handle, "end_processes", node.handle.kill)()
+                node.handle.end_processes()
             if not carrying(self.marker) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)

@@ -21,7 +21,8 @@ from dataclasses import replace
 from typing import Any
 
 from ...backends.base import Backend, LaunchSpec
-from ...backends.raycluster.cluster import LOOPBACK_ENV, RayCluster, RayNode, with_auth
+from ...backends.raycluster.cluster import LOOPBACK_ENV, RayCluster, RayNode
+from ...backends.raycluster.daemons import with_auth
 from ...backends.subprocess import SubprocessBackend
 from ...config.jobs import JobSpec
 from ...errors import JobError
@@ -46,7 +47,7 @@ def driver_environment(env: dict[str, str], cluster: RayCluster) -> dict[str, st
     return {**with_auth({**env, **LOOPBACK_ENV}, cluster.client_environment()), **joining}
 
 
-class RayTrainBackend:
+class RayTrainBackend(Backend):
     """Starts a Ray Train driver for each attempt, against ``cluster``."""
 
     name = "ray-train"
@@ -58,7 +59,7 @@ class RayTrainBackend:
     @property
     def warm(self) -> Any:
         """The warm interpreters the driver forks from (its ``SubprocessBackend``'s), or None."""
-        return getattr(self.driver, "warm", None)
+        return self.driver.warm
 
     def inherited_environment(self) -> dict[str, str]:
         return self.driver.inherited_environment()
@@ -108,7 +109,7 @@ class RayTrainHandle(RankedHandle):
         start_env = None if spec.start_env is None else driver_environment(spec.start_env, self.cluster)
         driver = backend.driver.start(replace(spec, env=env, start_env=start_env))
         self.nodes.append(LaunchedNode(0, driver))
-        self.identity = {**getattr(driver, "identity", {})}
+        self.identity = {**driver.identity}
         self.removed: list[str] = []
         self.drained: list[RayNode] = []  # by a notice, until its deadline
         self.rank_nodes: dict[int, list[str]] = {}
@@ -117,7 +118,7 @@ class RayTrainHandle(RankedHandle):
     def start_kind(self) -> str:
         """The driver's start: "warm" where it forked from the job's warm interpreter; its Train
         workers are Ray's processes, which Ray starts either way."""
-        return getattr(self.nodes[0].handle, "start_kind", "cold")
+        return self.nodes[0].handle.start_kind
 
     def notify(self, signum: int, *, whole_group: bool) -> None:
         """A notice reaches a Ray Train job as a spot reclaim does: every node that runs one of its
@@ -153,7 +154,7 @@ class RayTrainHandle(RankedHandle):
         ``notice = "kuberay"`` the nodes' own drain timeout (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S),
         which is what a reclaimed KubeRay pod's ``ray start`` drains for, whatever the cloud gives."""
         if self.job.notice == "kuberay":
-            return float(getattr(self.cluster, "drain_timeout", 30.0))
+            return float(self.cluster.drain_timeout)
         return float(self.job.grace_seconds or 30.0)
 
     def _drain(self, ranks: list[int]) -> None:

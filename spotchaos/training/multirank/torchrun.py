@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import signal
@@ -31,13 +32,20 @@ from ...errors import JobError
 from ...host.ports import free_port
 from ...host.processes import carrying, descendants, end
 from ...host.warm import torchrun_ranks
+from ...safety.safefs import log_tail, open_beneath
+from ..engine.hold import ENV_HOLD_PATTERN
 from ..engine.options import CRASHPOINT_DIR
+from ..events import LineReader
 from .ranked import LaunchedNode, RankedHandle
 
+log = logging.getLogger("spotchaos")
 ENV_NODE = "SPOTCHAOS_NODE"  # "<run id>:<node>": finds one node's processes
 MONITOR_INTERVAL = "0.1"  # how often an agent looks at its workers (seconds)
 SHUTDOWN_VARIABLE = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torchrun's fallback for --shutdown-timeout
 SHUTDOWN_DEFAULT_SECONDS = 30.0  # torchrun's own, and the only one before torch 2.11
+# a script read through the log adapter: torchrun keeps each rank's output in its log folder (read
+# there) and tees it to its agent's, each line after this (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)
+RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
 
 
 def check_port(job: JobSpec, port: int) -> None:
@@ -55,11 +63,19 @@ def check_port(job: JobSpec, port: int) -> None:
 
 
 def agent_argv(
-    job: JobSpec, argv: tuple[str, ...], *, node: int, port: int, run_id: str, forked: ForkedRanks | None = None
+    job: JobSpec,
+    argv: tuple[str, ...],
+    *,
+    node: int,
+    port: int,
+    run_id: str,
+    forked: ForkedRanks | None = None,
+    log_dir: Path | None = None,
 ) -> tuple[str, ...]:
     """One node's torchrun command: the job's own command after torchrun's options; ``forked``:
     torchrun forking its ranks (``host/warm/torchrun_ranks.py``), with the crash-point hook to
-    import again in each."""
+    import again in each; ``log_dir``: a script read through the log adapter, whose rank 0's lines
+    torchrun tees to its output (``RANK0_PREFIX`` before each) and every rank's into that folder."""
     if forked is not None:
         hook = [f"{torchrun_ranks.HOOK_OPTION}{forked.site_hook}"] if forked.site_hook else []
         launcher = [sys.executable, torchrun_ranks.__file__, *hook]
@@ -78,6 +94,8 @@ def agent_argv(
     ]
     if job.shutdown_timeout_seconds is not None:
         launcher.append(f"--shutdown-timeout={job.shutdown_timeout_seconds}")
+    if log_dir is not None:
+        launcher += ["--tee=3", f"--log-dir={log_dir}"]
     if argv[0] in (sys.executable, *PYTHON_ALIASES):
         return (*launcher, *argv[1:])  # "-m module" and "script.py" are torchrun's own forms
     return (*launcher, "--no-python", *argv)
@@ -101,11 +119,76 @@ def forked_ranks(spec: LaunchSpec, backend: Backend) -> ForkedRanks | str:
         return "the attempt starts cold"
     if argv[0] not in (sys.executable, *PYTHON_ALIASES) or len(argv) < 2 or argv[1].startswith("-"):
         return "the job's command is no plain 'python script.py'"
+    if ENV_HOLD_PATTERN in spec.env:
+        return "the log adapter's hold watches each rank's own output, set up as the rank starts"
     if "SPOTCHAOS_CRASH_ROOT" not in spec.env:
         return ForkedRanks()
     if "SPOTCHAOS_CRASH_RANK" not in spec.env:
         return "a crash point armed in every process"
     return ForkedRanks(site_hook=str(CRASHPOINT_DIR / "sitecustomize.py"))
+
+
+def log_dir(spec: LaunchSpec) -> Path:
+    """Where torchrun keeps its ranks' output, for a script read through the log adapter: beside
+    the attempt's own logs, in the harness's folder (``.node<n>`` for node n)."""
+    return spec.stdout_path.parent / "torchrun-logs"
+
+
+class RankLogLines(LineReader):
+    """Rank 0's own output, as torchrun keeps it with ``--tee``:
+    ``<log_dir>/<run id>_<random>/attempt_<n>/0/<stream>.log``, read as the rank writes it (the
+    agent's tee copies it a poll later: a checkpoint would be credited before the step line that
+    preceded it). Torchrun's own restarts of the worker group write a newer ``attempt_<n>``: read
+    on from there once the older file is read to its end. Nothing below ``log_dir`` is followed
+    through a link."""
+
+    def __init__(self, folder: Path, stream: str) -> None:
+        super().__init__(folder / "(rank 0, not started)", f"rank 0's {stream} log")
+        self.folder = folder
+        self.stream = "stderr" if stream == "stderr" else "stdout"
+        self.relative: str | None = None
+
+    def _newest(self) -> str | None:
+        found: list[tuple[int, str]] = []
+        for run in _folders(self.folder):
+            for attempt in _folders(self.folder / run):
+                number = attempt.removeprefix("attempt_")
+                if attempt.startswith("attempt_") and number.isdigit():
+                    found.append((int(number), f"{run}/{attempt}/0/{self.stream}.log"))
+        return max(found)[1] if found else None
+
+    def _open(self) -> int:
+        assert self.relative is not None
+        return open_beneath(self.folder, self.relative)
+
+    def read_lines(self) -> list[bytes]:
+        newest = self._newest()
+        if newest is None:
+            return []
+        if newest == self.relative:
+            return super().read_lines()
+        earlier = super().read_lines() if self.relative is not None else []  # the older file, to its end
+        self.close()
+        self.relative, self.path, self.pending = newest, self.folder / newest, b""
+        return [*earlier, *super().read_lines()]
+
+
+def _folders(path: Path) -> list[str]:
+    """The folders directly in ``path``, links left out."""
+    try:
+        with os.scandir(path) as entries:
+            return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+PORT_LAUNCHES = 3
+
+
+def store_port_taken(stderr: str) -> bool:
+    """Whether an agent's stderr ends in its rendezvous store failing to listen on its port
+    (``DistNetworkError ... EADDRINUSE`` from ``_create_tcp_store``): before any rank started."""
+    return "EADDRINUSE" in stderr and "_create_tcp_store" in stderr
 
 
 def loopback_environment() -> dict[str, str]:
@@ -126,16 +209,49 @@ class TorchrunHandle(RankedHandle):
         if job.rdzv_port:
             check_port(job, self.port)
         self.base_spec = spec
+        self.launches = 1  # of the agents: another on a new port where the harness's pick was taken first
         forked = forked_ranks(spec, backend)
         self.forked, self.cold_ranks = (forked, "") if isinstance(forked, ForkedRanks) else (None, forked)
+        self._launch_nodes()
+
+    def _launch_nodes(self) -> None:
         try:
-            for node in range(job.nnodes):
-                node_spec = self._node_spec(node)
-                self.nodes.append(LaunchedNode(node, backend.start(node_spec)))
+            for node in range(self.job.nnodes):
+                self.nodes.append(LaunchedNode(node, self.backend.start(self._node_spec(node))))
         except BaseException:
             self.cleanup()
             raise
-        self.identity = {**getattr(self.nodes[0].handle, "identity", {})}
+        self.identity = {**self.nodes[0].handle.identity}
+
+    def poll(self) -> int | None:
+        code = super().poll()
+        return None if code and self._relaunched_on_a_taken_port() else code
+
+    def _relaunched_on_a_taken_port(self) -> bool:
+        """Node 0's agent could not listen on the rendezvous port the harness picked: another
+        process took it between the pick and the agent's bind, seconds later (a port is only known
+        free when it is checked: the main job's ``torchrun-snapshot`` reference once failed so).
+        Nothing of the job ran: the agents start again on another port, ``PORT_LAUNCHES`` launches
+        in all, the failed one's logs kept beside. A port the job declares (rdzv_port) is its own."""
+        first = self._node_spec(0).stderr_path
+        if self.job.rdzv_port or self.launches >= PORT_LAUNCHES or not store_port_taken(log_tail(first, 16384)):
+            return False
+        for node in self.nodes:
+            self._end_node(node)
+        for node in range(self.job.nnodes):
+            spec = self._node_spec(node)
+            for path in (spec.stdout_path, spec.stderr_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(path, path.with_name(f"{path.stem}.port-taken-{self.launches}.log"))
+        log.warning(
+            "spotchaos: job %r: torchrun's rendezvous port %d was taken; its agents start again",
+            self.job.name,
+            self.port,
+        )
+        self.nodes, self.port = [], free_port()
+        self.launches += 1
+        self._launch_nodes()
+        return True
 
     def _log(self, path: Path, node: int) -> Path:
         """Node 0 logs where a one-process attempt would; node n beside it, ``.node<n>``."""
@@ -144,11 +260,18 @@ class TorchrunHandle(RankedHandle):
     def _node_spec(self, node: int) -> LaunchSpec:
         spec = self.base_spec
         env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}"}
-        argv = agent_argv(self.job, spec.argv, node=node, port=self.port, run_id=self.run_id, forked=self.forked)
+        logs = None
+        if self.job.log is not None:  # each rank's output kept in torchrun's log folder, and teed to the agent's
+            logs = log_dir(spec).with_name(log_dir(spec).name + (f".node{node}" if node else ""))
+            env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
+        argv = agent_argv(
+            self.job, spec.argv, node=node, port=self.port, run_id=self.run_id, forked=self.forked, log_dir=logs
+        )
         return replace(
             spec,
             argv=argv,
             env=env,
+            marker=f"{ENV_NODE}={self.run_id}:{node}",  # one node's processes, not its peers'
             stdout_path=self._log(spec.stdout_path, node),
             stderr_path=self._log(spec.stderr_path, node),
         )
@@ -193,7 +316,7 @@ class TorchrunHandle(RankedHandle):
         """Warm where every agent was forked warm and forked its ranks in turn; else cold, and why:
         the agent's reason, ranks that torchrun started (``cold_ranks``), or a torch whose torchrun
         could not fork them (the line its agent wrote, read back from the agent's stderr)."""
-        kinds = {getattr(node.handle, "start_kind", "cold") for node in self.nodes}
+        kinds = {node.handle.start_kind for node in self.nodes}
         if kinds != {"warm"}:
             return min(kind for kind in kinds if kind != "warm")
         if self.forked is None:
@@ -204,7 +327,7 @@ class TorchrunHandle(RankedHandle):
     @property
     def placement(self) -> dict | None:
         """Where each torchrun node ran, on a cluster backend (the Ray node of each agent)."""
-        placed = [getattr(node.handle, "placement", None) for node in self.nodes]
+        placed = [node.handle.placement for node in self.nodes]
         return {"torchrun_nodes": placed} if any(placed) else None
 
 

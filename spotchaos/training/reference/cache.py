@@ -40,6 +40,7 @@ from typing import Any
 
 from ... import __version__
 from ...config.jobs import JobSpec
+from ...config.placeholders import working_folder
 from ...host.gpu import nvidia_smi
 from ...host.machine import cpu_model, packages_digest
 from ...safety.redact import leaking_files
@@ -136,7 +137,7 @@ def _named_files(job: JobSpec, cwd: Path) -> dict[str, str]:
 
 def fingerprint(job: JobSpec, root: Path) -> str:
     """What shapes ``job``'s uninterrupted run, as far as the harness can see it, in one hash."""
-    cwd = root / job.cwd if job.cwd else root
+    cwd = working_folder(job.cwd, root)
     packages, _ = packages_digest()
     shaping = {
         "format": FORMAT,

@@ -33,6 +33,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ...config.jobs import JobSpec
+from ...faults import traits
 from ...faults.plan import Plan
 from ...safety.safefs import Folder, UnsafeFile, copy_contents, listing, read_bounded, regular_files
 from ..engine.hold import CheckpointHold
@@ -62,7 +63,7 @@ def why_not(job: JobSpec) -> str | None:
         return "prefix = false"
     if job.log is not None:
         return "its steps are read from its printed lines (only the probe holds a job at its checkpoints)"
-    if job.launcher != "python":
+    if not job.kind.one_process:
         return f"a {job.launcher} job"
     if job.container is not None:
         return "it runs in a container"
@@ -330,7 +331,7 @@ def choose(
     def done(step: int) -> int:  # the step after which the reference had reported the checkpoint of ``step``
         return (ready or {}).get(step, step)
 
-    if head.fault == "rerun":
+    if traits(head.fault).reruns:
         before_end = [step for step in snapshots.taken if last_step is not None and done(step) < last_step]
         return max(before_end) if before_end else None
     if head.fs_event is not None and head.after_step is None:

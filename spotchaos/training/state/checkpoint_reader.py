@@ -137,7 +137,7 @@ class ConfinedLoader:
             preload=self.preload,
         )
         handle = self.backend.start(spec)
-        self.start_kinds.append(getattr(handle, "start_kind", "cold"))
+        self.start_kinds.append(handle.start_kind)
         try:
             code = handle.wait(CONFINED_TIMEOUT_SECONDS)
         finally:

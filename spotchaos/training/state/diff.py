@@ -71,18 +71,28 @@ class StateDifference:
         )
 
 
+@dataclass(frozen=True)
+class DiffRules:
+    """What two checkpoints may differ in and still hold the same state."""
+
+    ignore: tuple[str, ...] = ()  # entry patterns: the framework's tables and the job's state_diff_ignore
+    exact_floats: bool = True  # False (envelope jobs): floating entries are the envelope's to judge
+    runs: tuple[str, str] = ("", "")  # the two runs' folders: a path under one names ``{run}``, as under the other
+    # the options a restart's command adds or changes (``restart_flags``): a job that stores its own
+    # arguments in its checkpoints (nanoGPT's ``config``, a Trainer's args) stores those as the
+    # restart got them, which is no state the resume failed to restore
+    restart_flags: frozenset[str] = frozenset()
+
+
 def compare(
     reference_kept: Path,
     chaos_kept: Path,
     *,
     confined: ConfinedLoader | None,
-    ignore: tuple[str, ...] = (),
-    exact_floats: bool = True,
-    runs: tuple[str, str] = ("", ""),
+    rules: DiffRules = DiffRules(),
     first_attempt: int = 1,
 ) -> StateDifference | None:
     """The first kept checkpoint of a resumed attempt that differs from the reference's of its step.
-    ``runs`` are the two runs' directories: a path under one names ``{run}``, as under the other.
     ``first_attempt``: 0 compares a second uninterrupted run's own checkpoints too."""
     kept = sorted(
         (int(a), int(label[1:]), label, p)
@@ -95,7 +105,7 @@ def compare(
         reference = reference_kept / f"a0-{label}"
         if not reference.is_dir():
             continue
-        found, more = _compare_folders(reference, path, confined, ignore, exact_floats, runs)
+        found, more = _compare_folders(reference, path, confined, rules)
         if found:
             texts = [text for _, text in found]
             entries = [entry for entry, _ in found][:ENTRIES_KEPT]
@@ -104,12 +114,7 @@ def compare(
 
 
 def _compare_folders(
-    reference: Path,
-    chaos: Path,
-    confined: ConfinedLoader | None,
-    ignore: tuple[str, ...],
-    exact_floats: bool,
-    runs: tuple[str, str],
+    reference: Path, chaos: Path, confined: ConfinedLoader | None, rules: DiffRules
 ) -> tuple[list[tuple[str, str]], int]:
     """Every file of two kept checkpoints, compared: (entry, what differs) ranked causes first
     (counters and RNG states before the tensors a divergence drags along), across files."""
@@ -123,11 +128,13 @@ def _compare_folders(
         if not a.exists() or not b.exists():
             found.append((0, name, f"{name}: {_presence(a)} vs {_presence(b)}"))
             continue
-        result = _diff_files(a, b, confined, exact_floats, runs)
+        result = _diff_files(a, b, confined, rules.exact_floats, rules.runs)
         more += result.get("more", 0)
         for d in result["differences"]:
             entry = d["entry"] if single else f"{name}:{d['entry']}"
-            if any(fnmatch.fnmatchcase(entry, pattern) for pattern in ignore):
+            if any(fnmatch.fnmatchcase(entry, pattern) for pattern in rules.ignore):
+                continue
+            if _leaf(d["entry"]) in rules.restart_flags:  # the job's own argument, stored as the restart was given it
                 continue
             same = d["reference"] == d["chaos"]
             rank = d["rank"] if isinstance(d.get("rank"), int) else 3
@@ -136,6 +143,26 @@ def _compare_folders(
                 rank, text = 4, f"{text} ({d['suggest']}: if it is no state, list {entry!r} in state_diff_ignore)"
             found.append((rank, entry, text))
     return [(entry, text) for _, entry, text in sorted(found)], more
+
+
+def restart_flags(
+    command: tuple[str, ...], resume_args: tuple[str, ...], resume_command: tuple[str, ...] | None
+) -> frozenset[str]:
+    """The options a restart's command adds to the first attempt's or changes in it, as a script
+    names them once parsed (``--init_from=resume``, ``--resume-from-checkpoint PATH``: ``init_from``,
+    ``resume_from_checkpoint``): the keys under which a job storing its own arguments keeps them."""
+    restart = (*(resume_command or command), *resume_args)
+    first = set(command)
+    return frozenset(
+        token.lstrip("-").split("=", 1)[0].replace("-", "_")
+        for token in restart
+        if token.startswith("-") and len(token) > 1 and token not in first and token.lstrip("-")
+    )
+
+
+def _leaf(entry: str) -> str:
+    """An entry's own name: ``config.init_from`` -> ``init_from``."""
+    return entry.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
 
 
 def _presence(path: Path) -> str:

@@ -1,0 +1,94 @@
+"""An unmodified torchrun script through the log adapter (issue 60 item 2): torchrun keeps each
+rank's output in a log folder of the harness's (``--tee``), and rank 0's own log is read as the rank
+writes it. The stand-in has PyTorch's fault-tolerant tutorial's shape (fixtures/torchrun_snapshot.py);
+the main job gates the correct one (scenarios/test_gallery_torchrun.py), CI the tutorial's own
+bookkeeping, which stores the epoch it just finished as the epochs run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spotchaos.config.jobs import job_from_mapping
+from spotchaos.faults.plan import Plan
+from spotchaos.session import ChaosFailure
+from spotchaos.training.multirank.torchrun import RankLogLines
+
+from .helpers import FIXTURES
+
+
+def snapshot_job(*extra: str, epochs: int = 3, name: str = "torchrun-snapshot-test"):
+    table = {
+        "command": ["python", str(FIXTURES / "torchrun_snapshot.py"), "--epochs", str(epochs), *extra],
+        "env": {"SNAPSHOT": "{checkpoint_dir}/snapshot.pt"},
+        "launcher": "torchrun",
+        "nproc_per_node": 2,
+        "warm": False,
+        "log": {"checkpoints": "snapshot.pt", "final_weights": "snapshot.pt", "final_key": "MODEL_STATE"},
+    }
+    return job_from_mapping(name, table, "tests/test_torchrun_log.py")
+
+
+@pytest.mark.full  # the main job runs the hard kills on torchrun-snapshot; CI fails the tutorial's bookkeeping
+def test_an_epoch_snapshot_torchrun_script_resumes_bit_exact_read_from_rank_0s_log(runner):
+    job = snapshot_job()
+    run, verdict = runner.run(job, Plan.parse("sigkill@13"))
+    assert verdict.passed, verdict.failures
+    assert runner.reference(job).saved_steps == [7, 15, 23]  # each epoch's end: no line read a poll late
+    assert len(run.attempts[0].fault.reached) == 3  # the agent and both ranks
+
+
+def test_a_snapshot_that_names_the_epoch_it_saved_is_named_as_a_counter_restored_wrong(runner):
+    """The tutorial stores the epoch it just finished as the epochs run: the restart loads the
+    trained weights and trains that epoch again from step 0. Not a fresh start (its step-0 loss is
+    not the fresh start's), not lost work: the counter."""
+    job = snapshot_job("--epochs-run-as-saved", epochs=2, name="torchrun-snapshot-as-saved")
+    with pytest.raises(ChaosFailure) as failed:
+        runner.check(job, Plan.parse("sigkill@9"))
+    message = str(failed.value)
+    assert "attempt 1 counted its steps from 0 again although a checkpoint after step 7 was durable" in message
+    assert "the step or epoch counter it saves in its checkpoint, or restores, is the likely cause" in message
+    assert "work was lost silently" not in message and "RNG state" not in message, message
+
+
+@pytest.mark.unit
+def test_rank_0s_log_is_read_from_torchruns_newest_attempt_and_never_through_a_link(tmp_path):
+    logs = tmp_path / "torchrun-logs"
+    reader = RankLogLines(logs, "stdout")
+    assert reader.read_lines() == []  # torchrun has not made its folder yet
+    first = logs / "run_abc" / "attempt_0" / "0"
+    first.mkdir(parents=True)
+    (first / "stdout.log").write_bytes(b"step 0 loss 1\nstep 1 loss 2\nstep 2")
+    assert reader.read_lines() == [b"step 0 loss 1", b"step 1 loss 2"]
+    with open(first / "stdout.log", "ab") as f:
+        f.write(b" loss 3\n")
+    newer = logs / "run_abc" / "attempt_1" / "0"  # torchrun restarted its worker group
+    newer.mkdir(parents=True)
+    (newer / "stdout.log").write_bytes(b"step 2 loss 3\n")
+    assert reader.read_lines() == [b"step 2 loss 3", b"step 2 loss 3"]  # the older file to its end, then the newer
+    (tmp_path / "elsewhere" / "attempt_9" / "0").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "attempt_9" / "0" / "stdout.log").write_bytes(b"step 99 loss 0\n")
+    os.symlink(tmp_path / "elsewhere", logs / "run_link")  # a folder a link names is never read
+    assert reader.read_lines() == []
+
+
+def test_agents_whose_rendezvous_port_was_taken_first_start_again_on_another(runner, monkeypatch):
+    """The harness picks a free port and torchrun's agent binds it seconds later; another process
+    may take it between (the main job's torchrun-snapshot reference failed so, EADDRINUSE). The
+    port here is really taken, by a socket listening on it; the pick is made to land there."""
+    import socket
+
+    from spotchaos.host import ports
+    from spotchaos.training.multirank import torchrun
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        picks = iter([taken.getsockname()[1]])
+        monkeypatch.setattr(torchrun, "free_port", lambda: next(picks, None) or ports.free_port())
+        reference = runner.reference(snapshot_job(epochs=1, name="torchrun-port-taken"))
+    assert reference.final is not None and len(reference.steps) == 8
+    failed = next(Path(reference.workdir).glob("attempt-0/stderr.port-taken-1.log"))
+    assert "EADDRINUSE" in failed.read_text()
