@@ -9,7 +9,7 @@ import pytest
 
 from spotchaos.budgets.advisor import advise, daly_interval, expected_waste, young_interval
 from spotchaos.budgets.cost import estimate
-from spotchaos.budgets.overhead import measure_overhead
+from spotchaos.budgets.overhead import Overhead, fastest_of, measure_overhead
 from spotchaos.config.jobs import JobSpec, load_settings
 from spotchaos.config.prices import CostInputs
 from spotchaos.errors import ConfigError
@@ -45,6 +45,23 @@ def test_advice_says_when_the_interval_is_far_off(interval, assessment):
     assert advice.assessment == assessment
     assert (assessment in advice.message) == (assessment != "ok")
     assert "Daly's optimum" in advice.message
+
+
+def _measured(*intervals: float) -> Overhead:
+    return Overhead(0.10, sorted(intervals)[len(intervals) // 2], list(intervals), 0.1, 1.0, 4, 10)
+
+
+def test_an_interval_slow_in_one_run_only_is_judged_at_its_fastest():
+    # a loaded machine: runs 1 and 2 each had two slow checkpoints, at different intervals
+    judged = fastest_of([_measured(0.204, 0.075, 0.240, 0.051), _measured(0.060, 0.210, 0.065, 0.230)])
+    assert judged.intervals == [0.060, 0.075, 0.065, 0.051] and judged.passed
+    # a checkpoint slow at the same interval in every run stays slow, and a job over its budget in
+    # every interval of every run is over it
+    judged = fastest_of([_measured(0.04, 0.30, 0.04), _measured(0.05, 0.25, 0.03)])
+    assert judged.intervals == [0.04, 0.25, 0.03]
+    assert not fastest_of([_measured(0.2, 0.3, 0.4), _measured(0.3, 0.2, 0.5)]).passed
+    # runs cut into different intervals are not paired: the lower median is kept
+    assert fastest_of([_measured(0.2, 0.3, 0.4), _measured(0.25, 0.35)]).fraction == 0.3
 
 
 def test_cost_with_every_price_given():
@@ -138,8 +155,9 @@ def test_default_configuration_passes_the_overhead_budget(runner):
 
 
 def test_checkpointing_every_step_fails_the_overhead_budget_with_the_figures(runner):
-    """Over the budget twice: a failing figure is measured again before it is reported (one slow fsync
-    must not fail a job), and both measurements are in the report."""
+    """Over the budget in every run: a failing figure is measured again (twice more at most) before it
+    is reported, each interval judged at its fastest (one slow fsync must not fail a job), and every
+    run's figure is in the report."""
     from spotchaos.record import ScenarioRecord
 
     job = trainer_job("reference_trainer", "--checkpoint-every", "1", "--step-seconds", "0.03", name="every-step")
@@ -152,8 +170,9 @@ def test_checkpointing_every_step_fails_the_overhead_budget_with_the_figures(run
     ):
         runner.check_overhead(job)
     measured = record.figures["overhead"]["measured_fractions"]
-    assert len(measured) == 2 and all(f > 0.05 for f in measured), measured
-    assert record.figures["overhead"]["fraction"] == min(measured)
+    assert len(measured) == 3 and all(f > 0.05 for f in measured), measured
+    judged = record.figures["overhead"]
+    assert 0.05 < judged["fraction"] <= min(measured), (judged, measured)
     # the first figure is the reference run's own (no run made for it), the second one more run's
     assert measured[0] == measure_overhead(runner.reference(job).attempts[0], 0.05).fraction
 
