@@ -29,7 +29,7 @@ import torch
 from spotchaos.backends import SubprocessBackend
 from spotchaos.host.processes import sweep as sweep_marked
 from spotchaos.safety.redact import SecretMatcher
-from spotchaos.training.state.checkpoint_reader import ConfinedLoader, read_checkpoint
+from spotchaos.training.state.checkpoint_reader import ConfinedLoader, Confinement, read_checkpoint
 from spotchaos.training.state.confined.load_checkpoint import summarize
 
 
@@ -65,10 +65,8 @@ def main() -> None:
             f"checkpoint read ({size:.1f} MB, step and digests): safe (link-refusing fd, weights_only) "
             f"{safe * 1e3:.1f} ms vs a plain full unpickle {plain * 1e3:.1f} ms = {safe / plain:.2f} x"
         )
-        loader = ConfinedLoader(
-            SubprocessBackend(), in_container=False, env=dict(__import__("os").environ), cwd=root, folder=root,
-            writable=(root,),
-        )  # fmt: skip
+        where = Confinement(env=dict(__import__("os").environ), cwd=root, writable=(root,))
+        loader = ConfinedLoader(SubprocessBackend(), where, root)
         confined = timed(lambda: loader(path, "step", "model"), max(1, r // 2))
         print(f"confined read: {confined:.2f} s = {confined / safe:.0f} x the safe in-process read")
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from spotchaos.budgets.advisor import advise, daly_interval, expected_waste, young_interval
-from spotchaos.budgets.cost import estimate
+from spotchaos.budgets.cost import JobFigures, estimate
 from spotchaos.budgets.overhead import Overhead, fastest_of, measure_overhead
 from spotchaos.config.jobs import JobSpec, load_settings
 from spotchaos.config.prices import CostInputs
@@ -73,14 +73,16 @@ def test_cost_with_every_price_given():
         production_steps=36_000,
     )
     est = estimate(
-        inputs=inputs,
-        step_seconds=1.0,
-        steps_run=24,
-        checkpoint_seconds=10,
-        interval_seconds=600,
-        restart_seconds=60,
-        mtbf_seconds=6 * 3600,
-        checkpoint_bytes=2 * 10**9,
+        inputs,
+        JobFigures(
+            step_seconds=1.0,
+            steps_run=24,
+            checkpoint_seconds=10,
+            interval_seconds=600,
+            restart_seconds=60,
+            mtbf_seconds=6 * 3600,
+            checkpoint_bytes=2 * 10**9,
+        ),
     )
     assert est.work_hours == 10
     assert est.spot.unknown == [] and est.on_demand.unknown == []
@@ -92,14 +94,16 @@ def test_cost_with_every_price_given():
 
 def test_cost_never_shows_an_unknown_price_as_zero():
     est = estimate(
-        inputs=CostInputs(spot_per_hour=1.0),
-        step_seconds=1.0,
-        steps_run=3600,
-        checkpoint_seconds=1,
-        interval_seconds=60,
-        restart_seconds=10,
-        mtbf_seconds=3600,
-        checkpoint_bytes=10**6,
+        CostInputs(spot_per_hour=1.0),
+        JobFigures(
+            step_seconds=1.0,
+            steps_run=3600,
+            checkpoint_seconds=1,
+            interval_seconds=60,
+            restart_seconds=10,
+            mtbf_seconds=3600,
+            checkpoint_bytes=10**6,
+        ),
     )
     assert est.spot.compute is not None and est.spot.storage is None and est.spot.egress is None
     assert set(est.spot.unknown) == {"storage price", "egress price"}

@@ -18,6 +18,7 @@ from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan
 from spotchaos.search import explore
 from spotchaos.session import ChaosFailure, ExploreSettings
+from spotchaos.training.events import LineReader
 from spotchaos.training.logadapter import LogEventReader
 
 from .helpers import FIXTURES, ROOT, plain_job
@@ -138,7 +139,7 @@ def _reader(tmp_path: Path, lines: list[str], saved: dict | None = None, **spec)
         torch.save(state, tmp_path / "ckpt" / name)
     log = tmp_path / "stdout.log"
     log.write_text("".join(line + "\n" for line in lines))
-    reader = LogEventReader(log, LogSpec(**spec), tmp_path / "ckpt", "script")
+    reader = LogEventReader(LineReader(log), LogSpec(**spec), tmp_path / "ckpt", "script")
     reader.read_new()
     return reader
 

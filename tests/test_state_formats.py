@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from spotchaos.backends.subprocess import SubprocessBackend
-from spotchaos.training.state.checkpoint_reader import ConfinedLoader
+from spotchaos.training.state.checkpoint_reader import ConfinedLoader, Confinement
 from spotchaos.training.state.confined.state_diff import diff
 from spotchaos.training.state.diff import compare
 
@@ -49,15 +49,10 @@ def hf_rng_state(seed: int) -> dict:
 
 def confined_loader(tmp_path, *readable):
     backend = SubprocessBackend()
-    return ConfinedLoader(
-        backend,
-        in_container=False,
-        env=backend.inherited_environment(),
-        cwd=tmp_path,
-        folder=tmp_path,
-        writable=(tmp_path,),
-        readable=readable,
+    confinement = Confinement(
+        env=backend.inherited_environment(), cwd=tmp_path, writable=(tmp_path,), readable=readable
     )
+    return ConfinedLoader(backend, confinement, tmp_path)
 
 
 def test_numpy_rng_state_in_a_torch_file_is_compared_in_the_confinement_not_an_error(tmp_path):

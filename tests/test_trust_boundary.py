@@ -804,11 +804,14 @@ def test_emphasis_and_strike_through_from_a_job_stay_plain_text_in_markdown():
 @pytest.mark.parametrize("step", ["9" * 30, "9" * 4000])
 def test_a_printed_step_out_of_range_is_one_clear_error(tmp_path, step):
     from spotchaos.config.logspec import LogSpec
+    from spotchaos.training.events import LineReader
     from spotchaos.training.logadapter import LogEventReader
 
     log = tmp_path / "stdout.log"
     log.write_text(f"step 0 loss 1.0\nstep {step} loss 1.0\n")
-    reader = LogEventReader(log, LogSpec(pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)"), tmp_path, "script")
+    reader = LogEventReader(
+        LineReader(log), LogSpec(pattern=r"step (?P<step>\d+) loss (?P<loss>\S+)"), tmp_path, "script"
+    )
     with pytest.raises(JobError) as caught:
         reader.read_new()
     message = str(caught.value)

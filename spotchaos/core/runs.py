@@ -30,7 +30,7 @@ from ..safety.redact import leak_failure
 from ..training.determinism import Audit, Envelope
 from ..training.engine.options import EngineOptions
 from ..training.engine.run import run_job
-from ..training.judgement import compares_state, judge_run
+from ..training.judgement import JudgeContext, compares_state, judge_run
 from ..training.reference.cache import ReferenceCache
 from ..training.reference.prefix import Prefix, Prefixes, snapshots_dir
 from ..training.shortcuts import Judged, Shortcuts, used_by
@@ -247,16 +247,14 @@ class Core:
         workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
         record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed", prefix=start)
         judging = time.monotonic()
-        verdict = judge_run(
-            job,
-            reference,
-            record,
-            envelope=self.envelope(job),
+        context = JudgeContext(
             backend=lambda: self.local_backend(job),
             root=self.root,
             leaked=lambda: self.leaks(job, record),
+            envelope=self.envelope(job),
             noise=lambda: self.references.second_run(job)[1],
         )
+        verdict = judge_run(job, reference, record, context)
         note_harness(time.monotonic() - judging)
         if verdict.passed:
             self.discard(record)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..budgets.advisor import advise
-from ..budgets.cost import estimate
+from ..budgets.cost import JobFigures, estimate
 from ..budgets.overhead import fastest_of, measure_overhead, notice_flushes
 from ..config.jobs import JobSpec
 from ..config.presets import MTBF_PRESETS
@@ -98,14 +98,16 @@ def check_overhead(core: Core, job: JobSpec, measure: Measure | None = None) -> 
             configured_interval=interval,
         )
         cost = estimate(
-            inputs=job.cost,
-            step_seconds=overhead.step_seconds or 0.0,
-            steps_run=len(run.steps),
-            checkpoint_seconds=overhead.checkpoint_seconds or 0.0,
-            interval_seconds=interval,
-            restart_seconds=restart,
-            mtbf_seconds=mtbf,
-            checkpoint_bytes=overhead.checkpoint_bytes or 0,
+            job.cost,
+            JobFigures(
+                step_seconds=overhead.step_seconds or 0.0,
+                steps_run=len(run.steps),
+                checkpoint_seconds=overhead.checkpoint_seconds or 0.0,
+                interval_seconds=interval,
+                restart_seconds=restart,
+                mtbf_seconds=mtbf,
+                checkpoint_bytes=overhead.checkpoint_bytes or 0,
+            ),
         )
         figures["advice"] = advice.to_dict()
         figures["advice"]["mtbf_source"] = "job" if job.mtbf_seconds else "preset 'typical' (assumed)"

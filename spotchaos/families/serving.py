@@ -30,7 +30,7 @@ from ..record import note_figure_row
 from ..serving.balancer import Balancer
 from ..serving.load import Load, RequestRecord
 from ..serving.model_store import ModelStore
-from ..serving.platform import Instance
+from ..serving.platform import Instance, ServiceSite
 from ..serving.readiness import ReadinessWatch
 from ..serving.verdict import DrainBounds, DrainTimeline, DrainVerdict, judge_drain, judge_replacement, longest_gap
 
@@ -119,7 +119,7 @@ class _DrainRun:
         verdict = judge_drain(records, timeline, bounds)
         verdict.failures.extend(later_failures)
         verdict.passed = not verdict.failures
-        self._figures(verdict, records, answered, cold_bytes, channel_note, notice_at, exited_at, replacement)
+        self._figures(verdict, records, timeline, (answered, cold_bytes), replacement)
         lines = "".join(json.dumps(r.to_dict(notice_at)) + "\n" for r in records)
         (self.workdir / "requests.jsonl").write_text(lines)
         return verdict, self.workdir
@@ -145,16 +145,13 @@ class _DrainRun:
         return notice
 
     def _instance(self, label: str, itype: InstanceType | None, metadata: dict[str, str]) -> Instance:
+        site = ServiceSite(self.service, self.workdir, self.core.root, sys.executable, self.docker)
         started = Instance(
-            self.service,
+            site,
+            label=label,
             port=free_port() if self.lb is not None else self.port,  # behind a balancer each instance has its own
             env={**self.env, **metadata},
-            workdir=self.workdir,
-            label=label,
             itype=itype,
-            cwd=self.core.root,
-            python=sys.executable,
-            docker_backend=self.docker,
         )
         self.stack.enter_context(started)
         if self.lb is not None:
@@ -259,15 +256,15 @@ class _DrainRun:
         self,
         verdict: DrainVerdict,
         records: list[RequestRecord],
-        answered: Any,
-        cold_bytes: int | None,
-        channel_note: str,
-        notice_at: float,
-        exited_at: float,
+        timeline: DrainTimeline,
+        first: tuple[Any, int | None],
         replacement: dict[str, Any],
     ) -> None:
-        """What the report shows of the run: times, the channel, who served what, the timeline."""
+        """What the report shows of the run: times, the channel, who served what, the timeline
+        (``first``: the first instance's first answer and the model's bytes it read)."""
         service = self.service
+        answered, cold_bytes = first
+        notice_at, exited_at, channel_note = timeline.notice_at, timeline.exited_at, timeline.channel_note
         marks = {"notice": 0.0, "deadline": self.notice_seconds, "gone": round(exited_at - notice_at, 3)}
         if self.replacement_at:
             marks["replacement_launched"] = round(self.replacement_at - notice_at, 3)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,8 @@ from ..faults.plan import Plan, Preemption
 from ..probe import ENV_CHECKPOINT_URI
 from ..record import note_plans, note_run, note_storage
 from ..safety.redact import find_leaks, leaking_files, redact
-from ..training.verdict import judge
+from ..training.trajectory import RunRecord
+from ..training.verdict import Verdict, judge
 
 if TYPE_CHECKING:
     from ..storage import CredentialSwap, Fault
@@ -108,7 +110,7 @@ def check_storage(core: Core, job: JobSpec, plan: Plan | str, faults: Sequence[F
         "checkpoints": blocking,
         "budget_seconds": budget,
     }
-    return _storage_outcome(core, job, plan, run, verdict, reference, figures, problems, names)
+    return _storage_outcome(core, job, _Judged(plan, run, verdict, reference), figures, problems, names)
 
 
 def check_upload_preemption(core: Core, job: JobSpec) -> dict[str, Any]:
@@ -161,12 +163,27 @@ def check_upload_preemption(core: Core, job: JobSpec) -> dict[str, Any]:
         "torn_step": torn,
         "resumed_from": resumed,
     }
-    return _storage_outcome(core, job, plan, run, verdict, reference, figures, problems, "a slow upload")
+    judged = _Judged(plan, run, verdict, reference)
+    return _storage_outcome(core, job, judged, figures, problems, "a slow upload")
 
 
-def _storage_outcome(core: Core, job, plan, run, verdict, reference, figures, problems, names) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Judged:
+    """One run of a plan and its verdict against the reference, as the report notes it."""
+
+    plan: Plan
+    run: RunRecord
+    verdict: Verdict
+    reference: RunRecord
+
+
+def _storage_outcome(
+    core: Core, job: JobSpec, judged: _Judged, figures: dict[str, Any], problems: list[str], names: str
+) -> dict[str, Any]:
+    """Leaks added to the problems, the run noted and judged, its folder discarded: the figures."""
+    run = judged.run
     problems = [*problems, *_leak_problems(run.workdir, core.secrets_of(job))]
-    note_run(plan, run, verdict, reference)
+    note_run(judged.plan, run, judged.verdict, judged.reference)
     _storage_verdict(figures, problems, f"job {job.name!r} under {names}: ")
     core.discard(run)
     return figures

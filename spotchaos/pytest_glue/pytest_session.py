@@ -27,7 +27,7 @@ from ..extras import MissingExtra
 from ..host.leftovers import LiveJobs
 from ..host.processes import children
 from ..record import ScenarioRecord, as_reported, note_error
-from ..report import build_report, now_iso, write_json, write_text
+from ..report import SessionOutcome, build_report, now_iso, write_json, write_text
 from ..report.gate_cost import cost_line, per_job
 from ..report.history import save_run
 from ..report.markdown import render_markdown
@@ -449,18 +449,18 @@ class _Collector:
     def _write_report(self) -> None:
         state = self.state
         jobs = selected_jobs(state)
-        document = build_report(
-            root=self.config.rootpath,
+        outcome = SessionOutcome(
             seed=state.options.seed,
             profile=state.options.profile,
+            started=state.started,
             jobs=[j.describe() for j in jobs],
             scenarios=state.scenarios,
-            started=state.started,
-            secrets=state.secrets,
-            containers=state.session.containers(),
+            secrets=list(state.secrets),
+            containers=list(state.session.containers()),
             interrupted=state.interrupted,
-            reaped=state.reaped,
+            reaped=list(state.reaped),
         )
+        document = build_report(self.config.rootpath, outcome)
         self.config.hook.pytest_spotchaos_report(config=self.config, report=document)
         self.path = write_json(document, self._report_path())
         markdown = render_markdown(document)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .document import (
     SCHEMA_VERSION,
+    SessionOutcome,
     build_report,
     decide,
     environment,
@@ -23,6 +24,7 @@ from .document import (
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SessionOutcome",
     "build_report",
     "decide",
     "environment",

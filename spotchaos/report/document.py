@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -123,42 +124,46 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def build_report(
-    *,
-    root: Path,
-    seed: int,
-    profile: str,
-    jobs: list[dict[str, Any]],
-    scenarios: list[dict[str, Any]],
-    started: str,
-    secrets: list[str] | None = None,
-    containers: list[dict[str, Any]] | None = None,
-    interrupted: str | None = None,
-    reaped: list[str] | None = None,
-) -> dict[str, Any]:
+@dataclass
+class SessionOutcome:
+    """What a pytest session gathered for its report: the glue fills it, this module writes it."""
+
+    seed: int
+    profile: str
+    started: str
+    jobs: list[dict[str, Any]]
+    scenarios: list[dict[str, Any]]
+    secrets: list[str] = field(default_factory=list)
+    containers: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: str | None = None  # the signal that stopped the session early
+    reaped: list[str] = field(default_factory=list)  # what dead pytest runs had left running
+
+
+def build_report(root: Path, outcome: SessionOutcome) -> dict[str, Any]:
     """The whole document, with every leaked window of a secret (and its encodings) redacted."""
+    scenarios, interrupted = outcome.scenarios, outcome.interrupted
     passed = sum(1 for s in scenarios if s.get("passed"))
     env = environment(root)
-    if containers:
-        env["containers"] = containers  # image names and digests when jobs ran in Docker
+    if outcome.containers:
+        env["containers"] = outcome.containers  # image names and digests when jobs ran in Docker
     document = {
         "schema_version": SCHEMA_VERSION,
         "tool": "spotchaos",
-        "started": started,
+        "started": outcome.started,
         "finished": now_iso(),
-        "seed": seed,
-        "profile": profile,
+        "seed": outcome.seed,
+        "profile": outcome.profile,
         "environment": env,
-        "jobs": jobs,
+        "jobs": outcome.jobs,
         "summary": {"scenarios": len(scenarios), "passed": passed, "failed": len(scenarios) - passed},
         "cost": per_job(scenarios),  # what the gate cost, per job (docs/report-schema.md)
         "scenarios": scenarios,
         "decision": decide(scenarios, interrupted),
         # the signal that stopped the session before every scenario ran (None: it ran to its end)
         "interrupted": interrupted,
-        "leftovers_ended": list(reaped or []),  # what pytest runs that died had left running, ended at start
+        "leftovers_ended": list(outcome.reaped),  # what pytest runs that died had left running, ended at start
     }
-    return redact(document, secrets or [])
+    return redact(document, outcome.secrets)
 
 
 def decide(scenarios: list[dict[str, Any]], interrupted: str | None = None) -> dict[str, str]:

@@ -10,6 +10,7 @@ tree's resident memory watched here on the subprocess backend (the same kill, fr
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 import uuid
@@ -93,22 +94,24 @@ def _gib(count: int) -> str:
     return f"{count / 2**30:.2f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
 
 
+@dataclass(frozen=True)
+class ServiceSite:
+    """What every instance of one service starts from, the first and its replacements alike."""
+
+    service: ServiceSpec
+    workdir: Path  # the scenario's folder: each instance's logs, labelled
+    cwd: Path  # the project root a relative ``cwd`` of the service is read against
+    python: str = sys.executable
+    docker_backend: Callable[[Any], Any] | None = None  # a container service's backend, per container spec
+
+
 class Instance:
     """``with Instance(...) as instance:`` one service process (or container) on ``itype``."""
 
     def __init__(
-        self,
-        service: ServiceSpec,
-        *,
-        port: int,
-        env: dict[str, str],
-        workdir: Path,
-        label: str,
-        itype: InstanceType | None,
-        cwd: Path,
-        python: str,
-        docker_backend: Callable[[Any], Any] | None = None,
+        self, site: ServiceSite, *, label: str, port: int, env: dict[str, str], itype: InstanceType | None
     ) -> None:
+        service, workdir, docker_backend = site.service, site.workdir, site.docker_backend
         self.service, self.port, self.itype, self.label = service, port, itype, label
         self.base_url = f"http://127.0.0.1:{port}"
         self.run_id = uuid.uuid4().hex[:12]
@@ -132,9 +135,9 @@ class Instance:
         if itype is not None:
             environment[ENV_INSTANCE_TYPE] = itype.name
         self.spec = LaunchSpec(
-            argv=tuple(service.argv(port, python)),
+            argv=tuple(service.argv(port, site.python)),
             env=environment,
-            cwd=service_cwd(service, cwd),
+            cwd=service_cwd(service, site.cwd),
             stdout_path=workdir / f"{label}.stdout.log",
             stderr_path=workdir / f"{label}.stderr.log",
             grace_seconds=float(service.notice_seconds or 30.0),

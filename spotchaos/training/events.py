@@ -133,9 +133,12 @@ class LineReader:
     error naming the file, so whatever the job writes, the engine's timeouts keep firing.
     """
 
-    def __init__(self, path: Path, what: str = "events file") -> None:
+    def __init__(self, path: Path, what: str = "events file", latency: float = 0.0) -> None:
         self.path = path
         self.what = what
+        # how late a line may reach the file after what the job did next (a file it saved): a
+        # container's output comes through the daemon's log stream, a loaded machine's late
+        self.latency = latency
         self._file = None
         self.pending = b""  # bytes after the last newline: a line not finished yet
 

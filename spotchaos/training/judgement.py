@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from .engine.warmth import may_start_warm, preload_of, start_environment
 from .frameworks import framework_of, state_diff_ignore
 from .multirank.rank_verdict import add_rank_verdicts
 from .multirank.torchrun import published_before_ranks, published_without_metadata
-from .state.checkpoint_reader import ConfinedLoader, tensor_distances
+from .state.checkpoint_reader import ConfinedLoader, Confinement, tensor_distances
 from .state.diff import DiffRules, StateDifference, restart_flags
 from .state.diff import compare as compare_kept
 from .state.kept import KEEP_BYTES, kept_dir, not_kept
@@ -74,23 +74,34 @@ def _watchdog(job: JobSpec, run: RunRecord) -> list[str]:
     return failures
 
 
-def judge_run(
-    job: JobSpec,
-    reference: RunRecord,
-    run: RunRecord,
-    *,
-    envelope: Envelope | None,
-    backend: Callable[[], Any],
-    root: Path,
-    leaked: Callable[[], str | None],
-    noise: Callable[[], StateDifference | None] | None = None,
-) -> Verdict:
-    """``run`` of ``job`` judged against its ``reference``. ``backend``: the job's backend, asked
-    for only when a checkpoint must be read in the job's confinement; ``leaked``: a failure naming
-    where a secret of the job appeared, if one did, asked last (the state diff's helper writes into
-    the run's folder too); ``noise``: how a second uninterrupted run's checkpoints differ from the
-    reference's, asked only when the state diff found a latent difference (every loss matched): an
-    RNG never seeded is no restore gone wrong, and two uninterrupted runs are what shows it."""
+@dataclass(frozen=True)
+class JudgeContext:
+    """What judging a run may ask the session for, each asked only when needed. ``backend``: the
+    job's backend, for a checkpoint that must be read in the job's confinement; ``root``: the
+    project root the job's ``cwd`` is read against; ``leaked``: a failure naming where a secret of
+    the job appeared, if one did, asked last (the state diff's helper writes into the run's folder
+    too); ``envelope``: how far a nondeterministic job's weights may spread; ``noise``: how a
+    second uninterrupted run's checkpoints differ from the reference's, asked only when the state
+    diff found a latent difference (every loss matched): an RNG never seeded is no restore gone
+    wrong, and two uninterrupted runs are what shows it."""
+
+    backend: Callable[[], Any]
+    root: Path
+    leaked: Callable[[], str | None]
+    envelope: Envelope | None = None
+    noise: Callable[[], StateDifference | None] | None = None
+
+
+def judge_run(job: JobSpec, reference: RunRecord, run: RunRecord, context: JudgeContext) -> Verdict:
+    """``run`` of ``job`` judged against its ``reference``: the trajectory's verdict, then what the
+    platform expects, the state diff, the other ranks and leaks (:class:`JudgeContext`)."""
+    envelope, backend, root, leaked, noise = (
+        context.envelope,
+        context.backend,
+        context.root,
+        context.leaked,
+        context.noise,
+    )
     if envelope is not None and run.final is not None:  # how far its weights are from the reference's
         run.final["tensor_spread"] = weights_distance(job, reference, run)
     verdict = judge(reference, run, envelope, exit_after=expectation(job.exit_after_notice, job.platform, job.provider))
@@ -170,17 +181,16 @@ def confined_reader(job: JobSpec, backend: Any, root: Path, reference: Path, run
     interpreter where its attempts are, so a comparison costs a fork, not a cold ``import torch``."""
     start_env = start_environment(backend, job)
     warm = may_start_warm(job, backend)
-    return ConfinedLoader(
-        backend,
-        in_container=job.container is not None,
+    confinement = Confinement(
         env={**start_env, ENV_RUN_ID: uuid.uuid4().hex[:12]},  # a process of its own, marked as a run id is
         cwd=working_folder(job.cwd, root),
-        folder=run,
         writable=(run,),
         readable=(kept_dir(reference), kept_dir(run)),
+        in_container=job.container is not None,
         start_env=start_env if warm else None,
         preload=preload_of(job) if warm else (),
     )
+    return ConfinedLoader(backend, confinement, run)
 
 
 def state_difference(

@@ -100,19 +100,16 @@ class LogEventReader:
 
     def __init__(
         self,
-        log_path: Path,
+        lines: LineReader,
         spec: LogSpec,
         checkpoint_dir: Path,
         job: str,
         confined: ConfinedLoad | None = None,
         convention: StepConvention | None = None,
-        line_latency: float = 0.0,
-        lines: LineReader | None = None,
     ) -> None:
-        self.path = log_path
-        # how late a printed line may reach the log after the file the script saved next: a
-        # container's output comes through the daemon's log stream, a loaded machine's late
-        self.line_latency = line_latency
+        # the script's printed lines: its log file, or a torchrun job's rank 0's own log
+        # (multirank/torchrun.py), with how late a line may reach it (LineReader.latency)
+        self._lines = lines
         self.confined = confined  # reads a checkpoint that needs a full unpickle, in the job's confinement
         self.spec = spec
         self.checkpoint_dir = checkpoint_dir
@@ -125,8 +122,6 @@ class LogEventReader:
         self._regex = spec.regex
         rollback = spec.rollback_pattern
         self._rollback = compiled_pattern(rollback, f"{spec.where}.rollback_pattern") if rollback else None
-        # a torchrun job's: its rank 0's own log, as torchrun keeps it (multirank/torchrun.py)
-        self._lines = lines or LineReader(log_path, f"{spec.stream} log")
         self._scan = CheckpointScan(spec, checkpoint_dir, confined)
         self._last_step: int | None = None  # 0-based
         self._printed_first: int | None = None
@@ -264,17 +259,15 @@ class LogEventReader:
     def learn(self) -> StepConvention:
         """After the uninterrupted run: the script's step convention (see :func:`learn_convention`),
         and the checkpoints seen during the run re-credited by it."""
-        self.convention = learn_convention(
-            self.events,
-            self.spec,
-            self.job,
+        seen = RunSeen(
             first=self.convention.first_step,
             last=-1 if self._last_step is None else self._last_step,
             printed_first=self._printed_first,
             final_stored=self.final_stored,
             offset=self.convention.key_offset,
-            line_latency=self.line_latency,
+            line_latency=self._lines.latency,
         )
+        self.convention = learn_convention(self.events, self.spec, self.job, seen)
         return self.convention
 
     def close(self) -> None:
@@ -284,22 +277,30 @@ class LogEventReader:
         self._lines.close()
 
 
-def learn_convention(
-    events: list[Event],
-    spec: LogSpec,
-    job: str,
-    *,
-    first: int,
-    last: int,
-    printed_first: int | None,
-    final_stored: int | None,
-    offset: int | None,
-    line_latency: float = 0.0,
-) -> StepConvention:
+@dataclass(frozen=True)
+class RunSeen:
+    """What the uninterrupted run printed and stored, from which a script's convention is learned."""
+
+    first: int  # the step number of the script's first step (its base)
+    last: int  # the last step printed, 0-based (-1: none)
+    printed_first: int | None  # the first step line's own number
+    final_stored: int | None  # the step key of the final weights' file
+    offset: int | None  # the step key's offset as configured, if it was
+    line_latency: float = 0.0  # how late a printed line may reach the log (LineReader.latency)
+
+
+def learn_convention(events: list[Event], spec: LogSpec, job: str, seen: RunSeen) -> StepConvention:
     """After the uninterrupted run: what the step key holds, from its newest checkpoint (the
-    final weights' file, else the newest one seen) against the last step printed (``last``,
+    final weights' file, else the newest one seen) against the last step printed (``seen.last``,
     0-based). A script whose final checkpoint holds its last step tells it exactly; the
     checkpoints seen during the run (``events``), re-credited, are then checked against it."""
+    first, last, printed_first, final_stored, offset = (
+        seen.first,
+        seen.last,
+        seen.printed_first,
+        seen.final_stored,
+        seen.offset,
+    )
     said = f"its first step line is step {printed_first}"
     sources = [said + (f" ({spec.where}.first_step)" if spec.first_step is not None else "")]
     if spec.checkpoint_step_key is None:
@@ -318,7 +319,7 @@ def learn_convention(
                 f"{spec.where}.checkpoint_step to 'completed', 'last' or 'next')"
             )
         offset = newest - last
-        _check_not_ahead(events, offset, first, job, spec, line_latency)
+        _check_not_ahead(events, offset, first, job, spec, seen.line_latency)
         sources.append(
             f"its newest checkpoint holds {spec.checkpoint_step_key}={newest} after step line {last + first}"
         )

@@ -21,11 +21,11 @@ from ...faults.plan import Preemption
 from ...host.processes import end_escaped
 from ...probe import ENV_EVENTS, ENV_RUN_ID
 from ...safety.safefs import UnsafeFile, last_lines, log_tail, read_text_bounded
-from ..events import EventReader
+from ..events import EventReader, LineReader
 from ..logadapter import LogEventReader, StepConvention
 from ..multirank import torchrun
 from ..restarts import diagnose
-from ..state.checkpoint_reader import ConfinedLoader
+from ..state.checkpoint_reader import ConfinedLoader, Confinement
 from ..state.kept import keep, kept_dir
 from ..trajectory import Attempt, FaultRecord
 from .environment import AttemptEnvironment, RunContext
@@ -41,7 +41,7 @@ from .options import (
     EngineOptions,
 )
 from .warmth import preload_of
-from .watch import AttemptWatch
+from .watch import AttemptFault, AttemptWatch
 
 TAIL_BYTES = 4000
 
@@ -142,22 +142,22 @@ class AttemptRun:
         log_path = spec.stdout_path if job.log.stream == "stdout" else spec.stderr_path
         # neither armed for crashes nor writing events: it only reads a checkpoint, as the job would
         quiet = {k: v for k, v in env.items() if not k.startswith("SPOTCHAOS_CRASH") and k != ENV_EVENTS}
-        confined = ConfinedLoader(
-            self.backend,
-            in_container=job.container is not None,
+        confinement = Confinement(
             env=quiet,
             cwd=self.cwd,
-            folder=self.folder,
             writable=spec.writable,
+            in_container=job.container is not None,
             start_env=self.setup.start_env,
             preload=preload_of(job),
         )
+        confined = ConfinedLoader(self.backend, confinement, self.folder)
         latency = self.backend.log_latency_seconds  # the backend's own: a container's lines come late
         # a torchrun job's rank 0 writes its own log in torchrun's folder: read there, not a tee's poll later
-        lines = torchrun.RankLogLines(torchrun.log_dir(spec), job.log.stream) if job.kind.local_ranks else None
-        return LogEventReader(
-            log_path, job.log, self.checkpoints, job.name, confined, self.options.convention, latency, lines
-        )
+        if job.kind.local_ranks:
+            lines: LineReader = torchrun.RankLogLines(torchrun.log_dir(spec), job.log.stream, latency)
+        else:
+            lines = LineReader(log_path, f"{job.log.stream} log", latency)
+        return LogEventReader(lines, job.log, self.checkpoints, job.name, confined, self.options.convention)
 
     def _watch(self, spec: LaunchSpec, reader: EventReader | LogEventReader) -> _Watched:
         """Start the job, watch it to its end, and end whatever it left behind."""
@@ -178,16 +178,8 @@ class AttemptRun:
                     snapshots.take(event, self.checkpoints, held)
 
         preemption = None if self.crash_at is not None else self.preemption
-        watch = AttemptWatch(
-            self.job,
-            handle,
-            reader,
-            preemption,
-            self.options.preempt_when,
-            on_checkpoint,
-            self.setup.metadata,
-            self.setup.hold,
-        )
+        fault = AttemptFault(preemption, self.options.preempt_when, self.setup.metadata, self.setup.hold)
+        watch = AttemptWatch(self.job, handle, reader, fault, on_checkpoint)
         orphans: list[int] = []
         escaped: list[str] = []
         try:

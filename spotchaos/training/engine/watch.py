@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ...backends import Handle
 from ...config.exit_status import slurm_lead
@@ -45,6 +46,18 @@ def _window(job: JobSpec, fault: PreemptionFault, handle: Handle) -> float | Non
     return job.grace_seconds if window is None else window
 
 
+@dataclass(frozen=True)
+class AttemptFault:
+    """The fault one attempt is to receive and how: the preemption (None: none), a condition it
+    also waits for besides its step (an S3 upload under way), the cloud metadata a notice is
+    served through, and the hold that keeps the job at the planned step until it is delivered."""
+
+    preemption: Preemption | None = None
+    when: Callable[[], bool] | None = None
+    metadata: MetadataNotice | None = None
+    hold: Hold | None = None
+
+
 class AttemptWatch:
     """Drives one attempt: polls events, delivers its preemption, enforces the timeouts."""
 
@@ -53,12 +66,10 @@ class AttemptWatch:
         job: JobSpec,
         handle: Handle,
         reader: EventReader | LogEventReader,
-        preemption: Preemption | None,
-        preempt_when: Callable[[], bool] | None = None,
+        fault: AttemptFault,
         on_checkpoint: Callable[[dict], None] | None = None,
-        metadata: MetadataNotice | None = None,
-        hold: Hold | None = None,
     ):
+        preemption, preempt_when, metadata, hold = fault.preemption, fault.when, fault.metadata, fault.hold
         self.job = job
         self.hold = hold  # the job waits after the planned step until the fault is delivered
         self.release_by: float | None = None  # a notice forwarded by torchrun's agent: release once it arrived

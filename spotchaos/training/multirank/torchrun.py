@@ -142,8 +142,8 @@ class RankLogLines(LineReader):
     on from there once the older file is read to its end. Nothing below ``log_dir`` is followed
     through a link."""
 
-    def __init__(self, folder: Path, stream: str) -> None:
-        super().__init__(folder / "(rank 0, not started)", f"rank 0's {stream} log")
+    def __init__(self, folder: Path, stream: str, latency: float = 0.0) -> None:
+        super().__init__(folder / "(rank 0, not started)", f"rank 0's {stream} log", latency)
         self.folder = folder
         self.stream = "stderr" if stream == "stderr" else "stdout"
         self.relative: str | None = None

@@ -16,6 +16,7 @@ import os
 import pickle
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,32 +71,28 @@ def read_checkpoint(
     return summarize(state, step_key, final_key)
 
 
+@dataclass(frozen=True)
+class Confinement:
+    """Where a helper runs as the job itself would: its environment, working folder and mounts."""
+
+    env: dict[str, str]
+    cwd: Path
+    writable: tuple[Path, ...]
+    readable: tuple[Path, ...] = ()  # mounted read-only for the helper (the kept checkpoints it compares)
+    in_container: bool = False
+    start_env: dict[str, str] | None = None  # the job's warm interpreter forks the helper too, where it has one
+    preload: tuple[str, ...] = ()
+
+
 class ConfinedLoader:
     """Runs ``load_checkpoint.py`` through the job's backend, with the job's environment and
     mounts: a subprocess for a local job, a container of its image for a container job."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        in_container: bool,
-        env: dict[str, str],
-        cwd: Path,
-        folder: Path,
-        writable: tuple[Path, ...],
-        readable: tuple[Path, ...] = (),
-        start_env: dict[str, str] | None = None,
-        preload: tuple[str, ...] = (),
-    ) -> None:
+    def __init__(self, backend: Backend, confinement: Confinement, folder: Path) -> None:
         self.backend = backend
-        self.start_env = start_env  # the job's warm interpreter forks the helper too, where it has one
-        self.preload = preload
-        self.python = "python" if in_container else sys.executable
-        self.env = env
-        self.cwd = cwd
-        self.folder = folder
-        self.writable = writable
-        self.readable = readable  # mounted read-only for the helper (the kept checkpoints it compares)
+        self.confinement = confinement
+        self.python = "python" if confinement.in_container else sys.executable
+        self.folder = folder  # where each helper's output goes
         self.runs = 0
         self.start_kinds: list[str] = []  # each helper's start, "warm" or "cold: why"
 
@@ -124,17 +121,18 @@ class ConfinedLoader:
         """Run a confined helper script through the job's backend: its stdout and exit status."""
         self.runs += 1
         out = self.folder / f"confined-{script.stem}-{self.runs}.out"
+        where = self.confinement
         spec = LaunchSpec(
             argv=(self.python, str(script), *args),
-            env=self.env,
-            cwd=self.cwd,
+            env=where.env,
+            cwd=where.cwd,
             stdout_path=out,
             stderr_path=out.with_suffix(".err"),
             grace_seconds=1.0,
-            writable=self.writable,
-            readable=(PACKAGE_DIR, *self.readable),
-            start_env=self.start_env,
-            preload=self.preload,
+            writable=where.writable,
+            readable=(PACKAGE_DIR, *where.readable),
+            start_env=where.start_env,
+            preload=where.preload,
         )
         handle = self.backend.start(spec)
         self.start_kinds.append(handle.start_kind)
