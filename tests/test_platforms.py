@@ -3,6 +3,8 @@ default, but a Kubernetes Job counts it Succeeded and never retries it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from spotchaos.config.exit_status import ExitExpectation, expectation
@@ -143,3 +145,37 @@ def test_the_slurm_stand_in_keeps_the_job_id_on_requeue_and_records_scontrol(tmp
 def test_a_wrong_slurm_signal_is_one_clear_error(value):
     with pytest.raises(ConfigError, match=r'slurm_signal: must be "USR1@SECONDS" or "USR2@SECONDS"'):
         job_from_mapping("j", {"command": ["python", "t.py"], "slurm_signal": value}, "pyproject.toml")
+
+
+def lightning_slurm(*args: str) -> object:
+    """The bundled Lightning job with Lightning's own ``SLURMEnvironment(auto_requeue=True)``."""
+    from spotchaos.config.jobs import load_settings
+
+    from .helpers import ROOT
+
+    declared = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == "lightning-slurm")
+    label = "-".join(("lightning-slurm", *(a.strip("-") for a in args)))
+    return replace(declared, name=label, command=declared.command + args, grace_seconds=10, warm="hpc" not in args)
+
+
+@pytest.mark.full  # the main job runs the built-in Slurm scenario on it (scenarios/test_slurm.py)
+def test_lightnings_own_slurm_handler_saves_requeues_and_resumes_bit_exact(runner):
+    """Lightning's SLURMEnvironment as its docs show it: USR1 saves hpc_ckpt_1.ckpt from inside the
+    signal handler and calls `scontrol requeue`; SIGTERM 2 s later stops the fit at a step's end
+    with its own checkpoint, and the requeued job resumes from the newest, bit-exact."""
+    run, verdict = runner.run(lightning_slurm(), Plan.parse("slurm-usr1@6"))
+    assert verdict.passed, verdict.failures
+    assert run.attempts[0].requeued is True and len(run.attempts) == 2
+    saved = [(e["step"], e.get("uri")) for e in run.attempts[0].of_kind("checkpoint")]
+    assert any(step == 6 and "hpc_ckpt_1.ckpt" in str(uri) for step, uri in saved), saved
+
+
+def test_lightnings_own_resume_on_slurm_misreads_a_sidecar_as_a_checkpoint_version(runner):
+    """`trainer.fit(ckpt_path=None)` on Slurm resumes from the newest hpc_ckpt_N.ckpt, N read from
+    every name holding "hpc_ckpt_" with its non-digits dropped: the digest beside hpc_ckpt_1.ckpt
+    (hpc_ckpt_1.ckpt.sha256) reads as version 1256, a file that is not there (Lightning 2.6.6)."""
+    with pytest.raises(ChaosFailure) as failed:
+        runner.check(lightning_slurm("--slurm-resume", "hpc", "--step-seconds", "0.1"), Plan.parse("slurm-usr1@6"))
+    message = str(failed.value)
+    assert "the restart after slurm-usr1 after step 6, exited with status 1 before its first step" in message, message
+    assert "Checkpoint file not found" in message and "hpc_ckpt_1256.ckpt" in message, message
