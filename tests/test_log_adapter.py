@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -106,5 +108,12 @@ def test_a_checkpoint_glob_that_matches_folders_is_refused_not_silently_empty(ru
         {"command": [sys.executable, "-c", code, "{checkpoint_dir}"], "log": {"checkpoints": "step_*"}},
         "pyproject.toml",
     )
-    with pytest.raises(ConfigError, match=r"log\.checkpoints = 'step_\*' matches the folder step_1/: the log adapter"):
+    with pytest.raises(
+        ConfigError, match=r"log\.checkpoints = 'step_\*' matches the folder step_1/: the log adapter"
+    ) as said:
         runner.reference(job)
+    # the advice, followed to the letter, is a table the loader accepts
+    advice = dict(re.findall(r"(checkpoints|checkpoint_complete) = '([^']+)'", str(said.value)))
+    assert advice == {"checkpoints": "step_*/model.safetensors", "checkpoint_complete": "random_states_0.pkl"}
+    followed = job_from_mapping("folders", {"command": ["python", "t.py"], "log": advice}, "pyproject.toml")
+    assert followed.log.companions(Path("step_4/model.safetensors")) == [Path("step_4/random_states_0.pkl")]

@@ -82,15 +82,27 @@ class LogSpec:
                 f"{self.where}.first_step: the printed number of the first step, 0 or 1, got {self.first_step!r}"
             )
         for template in self.checkpoint_complete:
-            if not isinstance(template, str) or ("{name}" not in template and "{stem}" not in template):
+            if not isinstance(template, str) or (
+                "{name}" not in template and "{stem}" not in template and not self.folder_per_checkpoint
+            ):
                 raise ConfigError(
                     f"{self.where}.checkpoint_complete: {template!r} must name a file beside the checkpoint "
-                    "through {name} (its file name) or {stem} (without the suffix), e.g. '{name}.sha256'"
+                    "through {name} (its file name) or {stem} (without the suffix), e.g. '{name}.sha256'; "
+                    "a fixed name only where each checkpoint has a folder of its own "
+                    "(checkpoints = 'step_*/model.safetensors', checkpoint_complete = 'random_states_0.pkl')"
                 )
             if "/" in template or ".." in template:
                 raise ConfigError(f"{self.where}.checkpoint_complete: {template!r} must name a file in the same folder")
         if self.checkpoint_complete and self.checkpoints is None:
             raise ConfigError(f"{self.where}.checkpoint_complete: needs checkpoints (the glob it completes)")
+
+    @property
+    def folder_per_checkpoint(self) -> bool:
+        """Whether each checkpoint file sits in a folder of its own (``step_*/model.safetensors``,
+        as accelerate's ``save_state`` and the Trainer write them): a file named alike beside it in
+        that folder then belongs to it alone."""
+        folder = (self.checkpoints or "").rpartition("/")[0]
+        return any(c in folder for c in "*?[")
 
     @property
     def regex(self) -> Any:
@@ -116,7 +128,10 @@ class LogSpec:
 
     def companions(self, path: Path) -> list[Path]:
         """The files that must exist beside ``path`` before it counts as a durable checkpoint."""
-        return [path.with_name(t.format(name=path.name, stem=path.stem)) for t in self.checkpoint_complete]
+        return [
+            path.with_name(t.replace("{name}", path.name).replace("{stem}", path.stem))
+            for t in self.checkpoint_complete
+        ]
 
 
 def compiled_pattern(pattern: str, where: str) -> Any:

@@ -193,6 +193,7 @@ def _folder_glob(pattern: str, folder: str, where: str) -> str:
     every scenario without testing one."""
     return (
         f"{where}.checkpoints = {pattern!r} matches the folder {folder}/: the log adapter reads checkpoint files. "
-        f"Name a file inside each, e.g. '{pattern}/model.safetensors' (with checkpoint_complete for the file the "
-        "job writes last), or gate a Trainer, Lightning or accelerate job with its integration (docs/frameworks.md)"
+        f"Name a file inside each and the file the job writes last in it, e.g. checkpoints = "
+        f"'{pattern}/model.safetensors' and checkpoint_complete = 'random_states_0.pkl' (accelerate's save_state), "
+        "or gate a Trainer, Lightning or accelerate job with its integration (docs/frameworks.md)"
     )
