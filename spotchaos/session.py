@@ -90,6 +90,11 @@ class Session(Core):
         return crashpoints.save_crash_points(self, job)
 
     @query
+    def phase_starts(self, job: JobSpec) -> dict[str, list[int]]:
+        """Per phase the job declares, the steps after which its reference began it."""
+        return phases.phase_starts(self, job)
+
+    @query
     def phase_plans(self, job: JobSpec) -> list[Plan]:
         """A SIGTERM and a SIGKILL inside each phase the job declares (``sigterm@S/eval``)."""
         return phases.phase_plans(self, job)

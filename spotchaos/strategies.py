@@ -7,7 +7,7 @@ earlier steps, and the first fault kind listed (so list the mildest first).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hypothesis import strategies as st
 
@@ -37,6 +37,22 @@ def preemption_plans(
     """Chains of ``min_preemptions`` .. ``max_preemptions`` preemptions (restart after each)."""
     return st.lists(preemptions(total_steps, faults), min_size=min_preemptions, max_size=max_preemptions).map(
         lambda items: Plan(tuple(items))
+    )
+
+
+def phase_preemptions(
+    starts: Mapping[str, Sequence[int]], faults: Sequence[str] = ("sigterm", "sigkill")
+) -> st.SearchStrategy[Plan]:
+    """One fault inside a phase the job reports (``sigterm@S/eval``): a phase and a step after which
+    the reference began it (``starts``, from ``phase_starts``), so every drawn plan lands; it
+    shrinks towards the first phase's first start and the first fault listed."""
+    cells = [(name, step) for name, steps in starts.items() for step in steps]
+    if not cells:
+        raise ValueError("no phase began in the reference run: nothing to land a fault inside")
+    return st.builds(
+        lambda cell, fault: Plan((Preemption(cell[1], fault, phase=cell[0]),)),
+        st.sampled_from(cells),
+        st.sampled_from(tuple(faults)),
     )
 
 
@@ -142,7 +158,8 @@ Cell = tuple[tuple[object, ...], ...]
 def plan_cell(plan: Plan, checkpoints: Sequence[int], epochs: Sequence[int | None]) -> Cell:
     """What a plan tests, coarsely: for each fault, its kind (with the damage it does), the
     reference's newest checkpoint before it (what a kill resumes from, the age of what a damage
-    rolls back to) and where in its epoch it lands (first step, inside, last step). Two plans of
+    rolls back to) and where in its epoch it lands (first step, inside, last step); a fault inside
+    a phase is of its own kind (``sigterm/eval``). Two plans of
     one cell test much the same thing, so a search covers distinct cells before it repeats one;
     a crash point is a cell of its own (each file-system event is a different moment of a save)."""
     cells = []
@@ -151,6 +168,8 @@ def plan_cell(plan: Plan, checkpoints: Sequence[int], epochs: Sequence[int | Non
             cells.append(("crash", p.after_step, p.fs_event))
             continue
         kind = p.fault if p.damage is None else f"{p.fault}:{p.damage}"
+        if p.phase is not None:  # inside a phase is another moment than between steps
+            kind += f"/{p.phase}"
         before = max((c for c in checkpoints if c < p.at_step), default=None)
         cells.append((kind, before, _place_in_epoch(p.at_step, epochs)))
     return tuple(cells)

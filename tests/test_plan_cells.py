@@ -12,7 +12,7 @@ from spotchaos.config.jobs import JobSpec
 from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
 from spotchaos.search import REDRAW, RUN, SKIP, ExploreSettings, _Cells, _strategy, as_delivered, explore
-from spotchaos.strategies import plan_cell
+from spotchaos.strategies import phase_preemptions, plan_cell
 from spotchaos.training.trajectory import Attempt, RunRecord
 
 from .helpers import FIXTURES
@@ -34,6 +34,20 @@ def test_a_plans_cell_is_its_kinds_the_checkpoints_before_and_the_places_in_thei
     assert cell("sigkill@13:truncate-half~0.1") == cell("sigkill@12:truncate-half~0.7") != cell("sigkill@13")
     assert cell("sigkill@13:truncate-half")[0][0] == "sigkill:truncate-half"
     assert cell("crash@5") != cell("crash@6")
+    assert cell("sigterm@13/eval") == (("sigterm/eval", 11, "inside"),) != cell("sigterm@13")
+
+
+@pytest.mark.unit
+@settings(max_examples=40, database=None)
+@given(st.data())
+def test_a_drawn_phase_plan_lands_inside_a_phase_the_reference_began_after_its_step(data):
+    starts = {"eval": [5, 11, 17], "save": [3]}
+    plan = data.draw(phase_preemptions(starts))
+    (only,) = plan.preemptions
+    assert only.phase in starts and only.at_step in starts[only.phase] and only.fault in ("sigterm", "sigkill")
+    assert str(plan) == f"{only.fault}@{only.at_step}/{only.phase}" and Plan.parse(str(plan)) == plan
+    with pytest.raises(ValueError, match="no phase began"):
+        phase_preemptions({"eval": []})
 
 
 def job(script: str) -> JobSpec:

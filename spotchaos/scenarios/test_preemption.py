@@ -8,10 +8,9 @@ checkpoint, and every restart resuming from the newest durable checkpoint.
 from __future__ import annotations
 
 import pytest
-from hypothesis import strategies as st
 
 from spotchaos.config.exit_status import slurm_lead
-from spotchaos.strategies import preemption_plans, resumes_across_epochs
+from spotchaos.strategies import phase_preemptions, preemption_plans, resumes_across_epochs
 
 pytestmark = pytest.mark.spotchaos
 
@@ -56,6 +55,8 @@ def test_slurm_warning_then_requeue_is_bit_exact(spotchaos, spotchaos_job):
 def test_a_fault_inside_each_phase_then_resume_is_bit_exact(spotchaos, spotchaos_job):
     """A SIGTERM and a SIGKILL inside each phase the job declares (``phases``: those it marks with its
     probe's ``phase(NAME)``), held at the phase's start: a notice during evaluation must end it and
-    checkpoint within the grace window, and a kill there must resume bit-exact."""
+    checkpoint within the grace window, and a kill there must resume bit-exact. First inside the
+    first such phase after a checkpoint (and before any), then drawn from every phase the job began."""
     plans = spotchaos.phase_plans(spotchaos_job)
-    spotchaos.explore(spotchaos_job, st.sampled_from(plans), first=lambda epochs, checkpoints: plans)
+    starts = spotchaos.phase_starts(spotchaos_job)
+    spotchaos.explore(spotchaos_job, lambda steps: phase_preemptions(starts), first=lambda epochs, checkpoints: plans)
