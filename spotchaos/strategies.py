@@ -17,14 +17,24 @@ from .faults.plan import Plan, Preemption
 ALL_PREEMPTIONS: tuple[str, ...] = ("sigterm", "sigterm-group", "sigkill")
 
 
-def preemptions(total_steps: int, faults: Sequence[str] = ALL_PREEMPTIONS) -> st.SearchStrategy[Preemption]:
-    """One preemption at a step where the job still has work left (0 .. total_steps - 2)."""
+def preemptions(
+    total_steps: int, faults: Sequence[str] = ALL_PREEMPTIONS, offsets: Sequence[float] = ()
+) -> st.SearchStrategy[Preemption]:
+    """One preemption at a step where the job still has work left (0 .. total_steps - 2); with
+    ``offsets``, some land that many seconds after their step instead, inside the next one
+    (``sigterm@5+0.1s``; shrinks towards the step's end)."""
     unknown = [f for f in faults if f not in PREEMPTIONS or f == "crash"]
     if unknown:
         raise ValueError(f"unknown preemption kinds {unknown}; known: {sorted(PREEMPTIONS)}")
     if total_steps < 2:
         raise ValueError(f"a job needs at least 2 steps to be preempted, this one has {total_steps}")
-    return st.builds(Preemption, at_step=st.integers(0, total_steps - 2), fault=st.sampled_from(tuple(faults)))
+    offset = st.sampled_from((None, *offsets)) if offsets else st.none()
+
+    def build(at_step: int, fault: str, seconds: float | None) -> Preemption:
+        timed = seconds if seconds is not None and not PREEMPTIONS[fault].reruns else None
+        return Preemption(at_step, fault, offset_seconds=timed)
+
+    return st.builds(build, st.integers(0, total_steps - 2), st.sampled_from(tuple(faults)), offset)
 
 
 def preemption_plans(
@@ -33,9 +43,11 @@ def preemption_plans(
     faults: Sequence[str] = ALL_PREEMPTIONS,
     min_preemptions: int = 1,
     max_preemptions: int = 3,
+    offsets: Sequence[float] = (),
 ) -> st.SearchStrategy[Plan]:
-    """Chains of ``min_preemptions`` .. ``max_preemptions`` preemptions (restart after each)."""
-    return st.lists(preemptions(total_steps, faults), min_size=min_preemptions, max_size=max_preemptions).map(
+    """Chains of ``min_preemptions`` .. ``max_preemptions`` preemptions (restart after each);
+    ``offsets``: times after a step some of them land at (see :func:`preemptions`)."""
+    return st.lists(preemptions(total_steps, faults, offsets), min_size=min_preemptions, max_size=max_preemptions).map(
         lambda items: Plan(tuple(items))
     )
 
@@ -170,6 +182,8 @@ def plan_cell(plan: Plan, checkpoints: Sequence[int], epochs: Sequence[int | Non
         kind = p.fault if p.damage is None else f"{p.fault}:{p.damage}"
         if p.phase is not None:  # inside a phase is another moment than between steps
             kind += f"/{p.phase}"
+        if p.offset_seconds is not None:  # so is inside a step
+            kind += "+inside-step"
         before = max((c for c in checkpoints if c < p.at_step), default=None)
         cells.append((kind, before, _place_in_epoch(p.at_step, epochs)))
     return tuple(cells)

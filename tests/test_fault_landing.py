@@ -364,3 +364,48 @@ def test_a_hard_kill_of_a_job_that_runs_torchrun_itself_reaches_its_worker(runne
     assert len(fault.reached) == 2, fault.reached  # the agent and its worker, each by its own pid
     assert "torch.distributed.run" in fault.reached[0] and "reference_trainer.py" in fault.reached[1], fault.reached
     assert max(e["step"] for e in run.attempts[0].of_kind("step")) == 6
+
+
+def accumulating(*args: str) -> JobSpec:
+    """Gradient accumulation: 4 micro-batches of 0.1 s a step, a checkpoint after step 3."""
+    command = ("python", str(FIXTURES / "accumulating_trainer.py"), "--steps", "8", "--micro-seconds", "0.1", *args)
+    return JobSpec(name="accumulating" + "".join(args), command=command, grace_seconds=10, warm=not args)
+
+
+def test_a_notice_inside_a_step_finds_a_trainer_that_stops_between_micro_batches(runner):
+    """Held at a step's end, a notice finds the trainer that reads its flag before every micro-batch
+    right; 0.2 s into the next step (between its second and third micro-batch) it checkpoints
+    there, drops the step's gradients and keeps the RNG they drew: the restart's step differs.
+    The correct trainer finishes the step and passes both."""
+    run, verdict = runner.run(accumulating(), Plan.parse("sigterm@4+0.2s"))
+    assert verdict.passed, verdict.failures
+    fault = run.attempts[0].fault
+    assert fault.inside == "step 5, 0.2 s after step 4 was reported" and fault.observed_step == 4, fault
+    broken = accumulating("--stop-between-micro-batches")
+    assert runner.check(broken, Plan.parse("sigterm@4")).passed
+    with pytest.raises(ChaosFailure) as failed:
+        runner.check(broken, Plan.parse("sigterm@4+0.2s"))
+    assert "loss diverged at step 5 (attempt 1, the first step after resuming from step 4)" in str(failed.value)
+
+
+@pytest.mark.unit
+def test_a_fault_a_time_after_its_step_is_parsed_kept_apart_from_a_crash_point_and_never_held(tmp_path):
+    from spotchaos.errors import ConfigError
+    from spotchaos.training.engine.environment import arm_hold
+    from spotchaos.training.engine.options import EngineOptions
+
+    plan = Plan.parse("sigterm@4+0.2s,crash@17+2")
+    timed, crash = plan.preemptions
+    assert (timed.at_step, timed.offset_seconds, crash.after_step, crash.at_step) == (4, 0.2, 17, 2)
+    assert str(plan) == "sigterm@4+0.2s,crash@17+2" and Plan.parse(str(plan)) == plan
+    job = JobSpec(name="j", command=("python", "t.py"))
+    assert arm_hold(job, timed, EngineOptions(root=tmp_path), tmp_path) is None
+    assert arm_hold(job, Plan.parse("sigterm@4").preemptions[0], EngineOptions(root=tmp_path), tmp_path) is not None
+    for bad, message in [
+        ("sigterm@4+0s", "more than 0"),
+        ("crash@4+0.2s", "only a fault the harness delivers"),
+        ("sigterm@4+0.2s/eval", "not inside a phase as well"),
+        ("sigterm@4+fast", "must look like"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            Plan.parse(bad)

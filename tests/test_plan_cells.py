@@ -140,3 +140,16 @@ def test_on_a_ray_train_job_a_notice_to_the_group_is_the_same_plan_as_a_notice()
 
     assert drawn_for(ray_train) == {"sigterm@5"}
     assert drawn_for(local) == {"sigterm@5", "sigterm-group@5"}
+
+
+@pytest.mark.unit
+@settings(max_examples=60, database=None)
+@given(st.data())
+def test_drawn_offsets_land_a_time_after_their_step_and_are_a_cell_of_their_own(data):
+    from spotchaos.strategies import preemption_plans
+
+    plan = data.draw(preemption_plans(16, faults=("sigterm", "sigkill", "rerun"), offsets=(0.05, 0.2)))
+    for p in plan.preemptions:
+        assert p.offset_seconds in (None, 0.05, 0.2) and (p.fault != "rerun" or p.offset_seconds is None)
+        assert Plan.parse(str(Plan((p,)))) == Plan((p,))
+    assert plan_cell(Plan.parse("sigterm@13+0.2s"), CHECKPOINTS, EPOCHS) == (("sigterm+inside-step", 11, "inside"),)

@@ -9,6 +9,22 @@ from ..config.declare import PHASE_NAME
 from ..errors import ConfigError
 from . import CHECKPOINT_FAULTS, PREEMPTIONS
 
+MAX_OFFSET_SECONDS = 600.0  # a fault placed after a step lands within this (an attempt's patience is longer)
+
+
+def _offset(where: str, part: str) -> tuple[str, float | None]:
+    """``7+0.15s`` -> (``7``, 0.15): a time after the step, told from a crash point's ``+N`` by its ``s``."""
+    head, plus, tail = where.rpartition("+")
+    if not plus or not tail.endswith("s"):
+        return where, None
+    try:
+        seconds = float(tail[:-1])
+    except ValueError:
+        raise ConfigError(f"plan item {part!r}: {tail!r} is not a time such as 0.15s") from None
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise ConfigError(f"plan item {part!r}: {tail!r} is not a time such as 0.15s")
+    return head, seconds
+
 
 @dataclass(frozen=True)
 class Preemption:
@@ -21,7 +37,11 @@ class Preemption:
 
     ``phase`` (``sigterm@7/eval``): the fault lands inside the first phase of that name the job
     enters after reporting step ``at_step`` (its probe's ``phase("eval")``), held at the phase's
-    start, instead of between steps: real notices come during evaluation, a save, data loading."""
+    start, instead of between steps: real notices come during evaluation, a save, data loading.
+
+    ``offset_seconds`` (``sigterm@7+0.15s``): the fault lands that long after the job reported
+    step ``at_step``, wherever the job then is (inside the next step, between two micro-batches),
+    with no hold: a notice does not wait for a step's end."""
 
     at_step: int
     fault: str
@@ -29,6 +49,7 @@ class Preemption:
     pick: float = 0.0
     after_step: int | None = None
     phase: str | None = None
+    offset_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in PREEMPTIONS:
@@ -48,6 +69,22 @@ class Preemption:
             )
         if self.phase is not None:
             self._check_phase()
+        if self.offset_seconds is not None:
+            self._check_offset()
+
+    def _check_offset(self) -> None:
+        """A time offset places a fault the harness delivers, within one attempt's patience."""
+        assert self.offset_seconds is not None
+        if not 0 < self.offset_seconds <= MAX_OFFSET_SECONDS:
+            raise ConfigError(
+                f"{self.fault}@{self.at_step}+{self.offset_seconds!r}s: the offset after the step must be more "
+                f"than 0 and at most {MAX_OFFSET_SECONDS:g} s, e.g. sigterm@7+0.15s"
+            )
+        if self.fs_event is not None or PREEMPTIONS[self.fault].reruns or self.phase is not None:
+            raise ConfigError(
+                f"{self.fault}@{self.at_step}+{self.offset_seconds!r}s: only a fault the harness delivers lands at "
+                "a time after a step (sigterm, sigkill, a notice), and not inside a phase as well"
+            )
 
     def _check_phase(self) -> None:
         """A phase is a name the job reports; only a fault the harness delivers is held there."""
@@ -76,6 +113,8 @@ class Preemption:
 
     def __str__(self) -> str:
         where = str(self.at_step) if self.after_step is None else f"{self.after_step}+{self.at_step}"
+        if self.offset_seconds is not None:
+            where += f"+{self.offset_seconds!r}s"
         text = f"{self.fault}@{where}" + (f"/{self.phase}" if self.phase else "")
         if self.damage:
             text += f":{self.damage}" + (f"~{self.pick!r}" if self.pick else "")
@@ -97,12 +136,13 @@ class Plan:
             head, _, damage = part.partition(":")
             fault, _, where = head.partition("@")
             where, slash, phase = where.partition("/")
+            where, offset = _offset(where, part)
             after, plus, step = where.rpartition("+")
             damage, _, pick = damage.partition("~")
             if not (step.isascii() and step.isdigit()) or (plus and not (after.isascii() and after.isdigit())):
                 raise ConfigError(
-                    f"plan item {part!r} must look like FAULT@STEP[/PHASE][:DAMAGE[~PICK]] or crash@STEP+EVENT, "
-                    "e.g. sigterm@5 or sigterm@5/eval"
+                    f"plan item {part!r} must look like FAULT@STEP[/PHASE][:DAMAGE[~PICK]], FAULT@STEP+SECONDSs "
+                    "or crash@STEP+EVENT, e.g. sigterm@5, sigterm@5/eval or sigterm@5+0.2s"
                 )
             try:
                 pick_value = float(pick) if pick else 0.0
@@ -111,7 +151,7 @@ class Plan:
             if slash and not phase:
                 raise ConfigError(f"plan item {part!r}: no phase after '/' (e.g. sigterm@5/eval)")
             after_step = int(after) if plus else None
-            items.append(Preemption(int(step), fault, damage or None, pick_value, after_step, phase or None))
+            items.append(Preemption(int(step), fault, damage or None, pick_value, after_step, phase or None, offset))
         return cls(tuple(items))
 
     def __str__(self) -> str:
@@ -131,6 +171,7 @@ class Plan:
                 "pick": p.pick,
                 **({"after_step": p.after_step} if p.after_step is not None else {}),
                 **({"phase": p.phase} if p.phase is not None else {}),
+                **({"offset_seconds": p.offset_seconds} if p.offset_seconds is not None else {}),
             }
             for p in self.preemptions
         ]

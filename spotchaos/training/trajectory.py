@@ -26,7 +26,8 @@ class FaultRecord:
     grace_seconds: float | None = None
     grace_exceeded: bool = False
     detail: str = ""  # for a crash point: the file-system event it died before
-    inside: str | None = None  # a fault planned inside a phase (FAULT@S/PHASE): the phase it landed in
+    # a fault planned inside a phase (FAULT@S/PHASE) or a time after a step (FAULT@S+0.15s): where it landed
+    inside: str | None = None
     hang_detected_seconds: float | None = None  # hang-rank: from the stop until the harness named the rank
     # where it really landed (see spotchaos/training/engine/landing.py): held after the planned step, or late
     held: bool = False  # the job waited after the planned step until the fault was delivered

@@ -197,8 +197,10 @@ def lease_gpus(job: JobSpec, index: int, run_id: str, options: EngineOptions) ->
 def arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOptions, folder: Path) -> Hold | None:
     """The hold for this attempt's fault, or None where the fault needs none (a crash point is
     armed inside the job, a rerun waits for the end) or must not have one (a fault that waits for
-    an upload in flight: a held job uploads nothing)."""
+    an upload in flight: a held job uploads nothing; one placed a time after its step)."""
     if preemption is None or preemption.fs_event is not None or options.preempt_when is not None:
+        return None
+    if preemption.offset_seconds is not None:  # lands wherever the job is by then: it must run on
         return None
     if preemption.phase is not None and job.log is not None:
         raise ConfigError(

@@ -86,6 +86,7 @@ class AttemptWatch:
         self.last_event_at = self.started
         self.last_step: int | None = None
         self.phase_entered: int | None = None  # the step after which the planned phase began (``sigterm@7/eval``)
+        self.planned_step_at: float | None = None  # when the planned step was read (``sigterm@7+0.15s`` counts from it)
         self.fault: FaultRecord | None = None
         self.delivered_at: float | None = None
         self.reclaimed = False  # the grace window's end took the nodes of a job that runs on (Ray Train)
@@ -124,6 +125,7 @@ class AttemptWatch:
                 self.first_step_at = now
             if event["event"] == "step" and rank == timing:
                 self.last_step = event["step"]
+                self._note_planned_step(now)
             elif event["event"] == "phase" and rank == timing:
                 self._note_phase(event)
             elif event["event"] == "notice" and self.hold is not None and rank == self.hold.rank:
@@ -135,6 +137,17 @@ class AttemptWatch:
                 if event["event"] == "start":
                     self.handle.note_rank(rank, event.get("pid"))
                 self.handle.note_event(rank, event["step"] if event["event"] == "step" else None)
+
+    def _note_planned_step(self, now: float) -> None:
+        """When the planned step was first read: a fault placed a time after it counts from here."""
+        p = self.preemption
+        if (
+            p is not None
+            and self.planned_step_at is None
+            and self.last_step is not None
+            and self.last_step >= p.at_step
+        ):
+            self.planned_step_at = now
 
     def _note_phase(self, event: dict) -> None:
         """The planned phase began after the planned step: the job holds there for its fault."""
@@ -150,6 +163,8 @@ class AttemptWatch:
             return
         if p.phase is not None and self.phase_entered is None:
             return  # a fault inside a phase waits for the phase to begin
+        if p.offset_seconds is not None and (self.planned_step_at or now) + p.offset_seconds > now:
+            return  # placed a time after the step: the job runs on meanwhile
         if traits(p.fault).reruns:
             return  # the job runs to its end; run_job starts it again
         if self.preempt_when is not None and not self.preempt_when():
@@ -178,7 +193,7 @@ class AttemptWatch:
             # the window the notice gave: the job's grace, or the launcher's own (KubeRay's drain timeout)
             grace_seconds=_window(self.job, fault, self.handle) if fault.graceful else None,
             detail=self.handle.delivery_note,  # what the notice met on its way in
-            inside=f"the job's {p.phase} phase, begun after step {self.phase_entered}" if p.phase else None,
+            inside=self._inside(p),
             reached=delivery.reached if delivery is not None else [],
         )
         if self.hold is not None:  # a notice a launcher passes on (torchrun's agent, Ray Train's watcher) comes later
@@ -187,6 +202,14 @@ class AttemptWatch:
                 lag = max(lag, GROUP_SETTLE_SECONDS)
             self.release_by = now + min(lag, float(self.job.grace_seconds or 30.0) / 2)
             self._maybe_release(now)
+
+    def _inside(self, p: Preemption) -> str | None:
+        """Where a fault placed inside something landed, in words (None: between steps, as planned)."""
+        if p.phase is not None:
+            return f"the job's {p.phase} phase, begun after step {self.phase_entered}"
+        if p.offset_seconds is not None:
+            return f"step {(self.last_step or 0) + 1}, {p.offset_seconds:g} s after step {p.at_step} was reported"
+        return None
 
     def _maybe_release(self, now: float) -> None:
         """Let the held job go on once its fault is delivered (a notice torchrun's agent forwards:
