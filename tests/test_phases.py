@@ -12,7 +12,7 @@ from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan
 from spotchaos.session import ChaosFailure
 
-from .helpers import trainer_job
+from .helpers import FIXTURES, trainer_job
 
 # 12 steps, checkpoints after 3, 7 and 11, an evaluation after step 5 (5 batches, 0.3 s each: 1.5 s)
 EVAL = ("--eval-every", "6", "--eval-batches", "5", "--eval-seconds", "0.3")
@@ -35,8 +35,10 @@ def test_a_plan_names_a_phase_after_its_step_and_refuses_one_it_cannot_hold():
     ):
         with pytest.raises(ConfigError, match=says):
             Plan.parse(bad)
-    with pytest.raises(ConfigError, match="the log adapter reads no phases"):
+    with pytest.raises(ConfigError, match="'eval': the log adapter knows a phase by the line that begins it"):
         job_from_mapping("s", {"command": ["python", "s.py"], "phases": ["eval"], "log": {}}, "pyproject.toml")
+    with pytest.raises(ConfigError, match=r"log.phases.eval: .* is not a regular expression RE2 can run"):
+        job_from_mapping("s", {"command": ["python", "s.py"], "log": {"phases": {"eval": "(?=x)"}}}, "pyproject.toml")
 
 
 def test_a_notice_inside_an_evaluation_ends_it_and_the_resume_is_bit_exact(runner):
@@ -61,3 +63,42 @@ def test_a_job_that_finishes_its_evaluation_before_the_checkpoint_fails_naming_t
     message = str(failed.value)
     assert "was still inside its 'eval' phase (begun after step 5, no end reported)" in message, message
     assert "is its checkpoint too slow" not in message, message
+
+
+def printed_eval_job(*extra: str):
+    """plain_train.py through the log adapter: "Running evaluation" after every 6 steps, 5 batches
+    of 0.6 s (3 s, the window 2 s: a script that leaves by sys.exit pays torch's teardown), and
+    checkpoints after every 4."""
+    command = ["python", str(FIXTURES / "plain_train.py"), "--out", "{checkpoint_dir}", "--steps", "14"]
+    command += ["--save-every", "4", "--eval-every", "6", "--eval-seconds", "0.6", *extra]
+    table = {
+        "command": command,
+        "resume_args": ["--resume"],
+        "grace_seconds": 2,
+        "phases": ["eval"],
+        "warm": not extra,
+        "log": {
+            "pattern": r"step (?P<step>\d+) loss (?P<loss>[-+0-9.eE]+|nan|inf)",
+            "checkpoints": "ckpt.pt",
+            "checkpoint_step_key": "step",
+            "final_weights": "ckpt.pt",
+            "final_key": "model",
+            "phases": {"eval": "^Running evaluation"},
+        },
+    }
+    return job_from_mapping("printed-eval" + "".join(extra), table, "pyproject.toml")
+
+
+def test_a_printed_phase_holds_an_unmodified_script_at_its_line_and_names_a_notice_it_ignores(runner):
+    """The log adapter knows the evaluation by the line that begins it: the hook holds the script
+    there, the notice lands inside it; the script that ends its evaluation on a notice passes, the
+    one that runs it to its end is SIGKILLed inside it, and the verdict names the phase."""
+    run, verdict = runner.run(printed_eval_job(), Plan.parse("sigterm@5/eval"))
+    assert verdict.passed, verdict.message()
+    fault = run.attempts[0].fault
+    assert fault.held and fault.inside == "the job's eval phase, begun after step 5", fault
+    with pytest.raises(ChaosFailure) as failed:
+        runner.check(printed_eval_job("--eval-ignores-notice"), Plan.parse("sigterm@5/eval"))
+    message = str(failed.value)
+    assert "was still inside its 'eval' phase (begun after step 5, no end reported)" in message, message
+    assert "it reports no notice, so whether it saw the signal is unknown" in message, message  # not "received"

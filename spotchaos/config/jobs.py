@@ -316,10 +316,11 @@ def _validate(job: JobSpec) -> None:
         raise ConfigError(f"{job.where('provider')}: unknown provider {job.provider!r} (known: {known})")
     if job.grace_seconds is None:
         object.__setattr__(job, "grace_seconds", GRACE_WINDOWS.get(job.provider or "", 30.0))
-    if job.phases and job.log is not None:
+    unprinted = [p for p in job.phases if job.log is not None and job.log.phase_pattern(p) is None]
+    if unprinted:
         raise ConfigError(
-            f"{job.where('phases')}: the log adapter reads no phases; a job marks them with its probe's "
-            "phase(NAME) (docs/trainer-contract.md)"
+            f"{job.where('phases')}: {unprinted[0]!r}: the log adapter knows a phase by the line that begins it: "
+            f"add it to log.phases ({unprinted[0]} = 'Running Evaluation'), or mark it with the probe's phase(NAME)"
         )
     for key in (
         "grace_seconds",

@@ -14,6 +14,7 @@ from typing import Any
 import re2
 
 from ..errors import ConfigError
+from .declare import PHASE_NAME
 
 STREAMS = ("stdout", "stderr")
 NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
@@ -52,6 +53,9 @@ class LogSpec:
     # A line the script prints when it skips a checkpoint that does not verify (its rollback); a
     # named group "path" may name the skipped file.
     rollback_pattern: str | None = None
+    # The phases the script prints (name, pattern of the line that begins it): ``eval`` begins at
+    # "Running Evaluation" and ends at the next step line. A plan lands a fault inside one.
+    phases: tuple[tuple[str, str], ...] = ()
     where: str = "log"
 
     def __post_init__(self) -> None:
@@ -93,6 +97,12 @@ class LogSpec:
                 )
             if "/" in template or ".." in template:
                 raise ConfigError(f"{self.where}.checkpoint_complete: {template!r} must name a file in the same folder")
+        for name, pattern in self.phases:
+            if not PHASE_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"{self.where}.phases: {name!r} is not a phase name (letters, digits, '-', '_', up to 32)"
+                )
+            compiled_pattern(pattern, f"{self.where}.phases.{name}")
         if self.checkpoint_complete and self.checkpoints is None:
             raise ConfigError(f"{self.where}.checkpoint_complete: needs checkpoints (the glob it completes)")
 
@@ -103,6 +113,15 @@ class LogSpec:
         that folder then belongs to it alone."""
         folder = (self.checkpoints or "").rpartition("/")[0]
         return any(c in folder for c in "*?[")
+
+    @property
+    def phase_regexes(self) -> list[tuple[str, Any]]:
+        """Each phase's name and the compiled pattern of the line that begins it."""
+        return [(name, compiled_pattern(pattern, f"{self.where}.phases.{name}")) for name, pattern in self.phases]
+
+    def phase_pattern(self, name: str) -> str | None:
+        """The pattern of the line that begins phase ``name`` (None: the script prints none)."""
+        return dict(self.phases).get(name)
 
     @property
     def regex(self) -> Any:
@@ -124,6 +143,7 @@ class LogSpec:
             "first_step": self.first_step,
             "checkpoint_complete": list(self.checkpoint_complete),
             "rollback_pattern": self.rollback_pattern,
+            "phases": dict(self.phases),
         }
 
     def companions(self, path: Path) -> list[Path]:
@@ -165,6 +185,7 @@ _LOG_KEYS = {
     "first_step": int,
     "checkpoint_complete": list,
     "rollback_pattern": str,
+    "phases": dict,
 }
 
 
@@ -177,6 +198,9 @@ def log_from_mapping(table: Any, where: str) -> LogSpec:
     values = dict(table)
     if isinstance(values.get("checkpoint_complete"), str):
         values["checkpoint_complete"] = [values["checkpoint_complete"]]
+    phases = values.pop("phases", {})
+    if not isinstance(phases, dict) or not all(isinstance(v, str) for v in phases.values()):
+        raise ConfigError(f"{where}.phases: must be a table of phase = pattern, e.g. {{ eval = 'Running Evaluation' }}")
     for key, value in values.items():
         kind = _LOG_KEYS[key]
         if (
@@ -188,4 +212,4 @@ def log_from_mapping(table: Any, where: str) -> LogSpec:
             raise ConfigError(f"{where}.{key}: must be {wanted}, got {value!r}")
     if "checkpoint_complete" in values:
         values["checkpoint_complete"] = tuple(values["checkpoint_complete"])
-    return LogSpec(**values, where=where)
+    return LogSpec(**values, phases=tuple(phases.items()), where=where)

@@ -123,6 +123,8 @@ class LogEventReader:
         rollback = spec.rollback_pattern
         self._rollback = compiled_pattern(rollback, f"{spec.where}.rollback_pattern") if rollback else None
         self._scan = CheckpointScan(spec, checkpoint_dir, confined)
+        self._phases = spec.phase_regexes  # each phase the script prints, by the line that begins it
+        self._in_phase: str | None = None
         self._last_step: int | None = None  # 0-based
         self._printed_first: int | None = None
         self._families: dict[str, str] = {}  # the default pattern's kinds of matched line -> an example
@@ -152,6 +154,9 @@ class LogEventReader:
     def _line(self, line: str) -> list[Event]:
         if self._rollback is not None and (rolled := self._rollback.search(line)) is not None:
             return [self._rollback_event(line, rolled)]
+        for name, begins in self._phases:
+            if begins.search(line):
+                return [*self._phase_over(), self._phase_event(name, "begin")]
         found = self._regex.search(line)
         if found is None:
             return []
@@ -184,10 +189,21 @@ class LogEventReader:
         if math.isfinite(loss):
             digits = significant_digits(loss_text)
             self.digits = digits if self.digits is None else min(self.digits, digits)
+        events.extend(self._phase_over())  # a printed phase ends where the next step's line comes
         step = printed - self.convention.first_step
         self._last_step = step
         events.append(new_event("step", step=step, loss=loss.hex(), printed=loss_text))
         return events
+
+    def _phase_event(self, name: str, state: str) -> Event:
+        if state == "begin":
+            self._in_phase = name
+        return new_event("phase", name=name, state=state, step=self._last_step)
+
+    def _phase_over(self) -> list[Event]:
+        """The end of the phase the script is in, if it is in one (as the probe's ``phase()`` says it)."""
+        name, self._in_phase = self._in_phase, None
+        return [] if name is None else [self._phase_event(name, "end")]
 
     def _check_line(self, line: str, found: Any, printed: int) -> None:
         """The uninterrupted run must print one matching line per step, counted from 0 or 1, and

@@ -302,6 +302,28 @@ def _open_phase(attempt: Attempt) -> tuple[str, int | None] | None:
     return open_phases[-1] if open_phases else None
 
 
+def _phase_grace(g: GraceResult, attempt: Attempt, signal: str) -> str | None:
+    """A grace window that closed while the job was inside a phase it reports: named with it (None:
+    it was in none). A job that reports its notice got it; one read from its lines may not have."""
+    inside = _open_phase(attempt)
+    if inside is None:
+        return None
+    name, began = inside
+    where = f"its {name!r} phase (begun after step {began}, no end reported)"
+    window = f"the {g.grace_seconds:g}-s window of {signal} closed, so it was SIGKILLed before any checkpoint"
+    if attempt.of_kind("notice"):
+        return (
+            f"grace window exceeded: the trainer received the notice but was still inside {where} when {window}: "
+            f"the {name} phase ran on past the notice — end it on a notice (check the flag inside its loop), "
+            "then checkpoint"
+        )
+    return (
+        f"grace window exceeded: the job was still inside {where} when {window}; it reports no notice, so "
+        f"whether it saw the signal is unknown: if it handles SIGTERM, the {name} phase ran on past it — end it "
+        "on a notice, then checkpoint"
+    )
+
+
 def _grace_failure(g: GraceResult, attempt: Attempt, exit_after: ExitExpectation) -> str:
     signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
     after = attempt.launcher_shutdown_seconds
@@ -332,14 +354,8 @@ def _grace_failure(g: GraceResult, attempt: Attempt, exit_after: ExitExpectation
                 f"the signal never reached the trainer: {signal} was not answered within {g.grace_seconds:g} s "
                 f"and the trainer reported no notice; {attempt.fault.detail}"
             )
-        if attempt.of_kind("notice") and (inside := _open_phase(attempt)) is not None:
-            name, began = inside
-            return (
-                f"grace window exceeded: the trainer received the notice but was still inside its {name!r} phase "
-                f"(begun after step {began}, no end reported) when the {g.grace_seconds:g}-s window of {signal} "
-                f"closed, so it was SIGKILLed before any checkpoint: the {name} phase ran on past the notice — end "
-                f"it on a notice (check the flag inside its loop), then checkpoint"
-            )
+        if (in_phase := _phase_grace(g, attempt, signal)) is not None:
+            return in_phase
         if attempt.of_kind("notice"):
             return (
                 f"grace window exceeded: the trainer received the notice but did not exit within "

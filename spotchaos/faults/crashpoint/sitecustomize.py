@@ -32,7 +32,8 @@ the planned step's line, before it runs the next, until the harness has delivere
 the probe holds a probe job (see spotchaos/training/engine/hold.py). The printed stream is wrapped; each whole
 line is matched against the job's own step pattern until the planned one is seen, then the
 wrapper steps aside. The wait itself is the probe's (loaded from SPOTCHAOS_HOLD_PROBE, a file),
-so both kinds of job hold the same way. Environment: SPOTCHAOS_HOLD_PATTERN, _PRINTED, _STREAM,
+so both kinds of job hold the same way (a fault inside a printed phase: at the line that begins it,
+SPOTCHAOS_HOLD_PHASE_LINE). Environment: SPOTCHAOS_HOLD_PATTERN, _PRINTED, _STREAM,
 _SKIP, _PROBE, and the probe's SPOTCHAOS_HOLD_AT, _DIR, _SECONDS.
 
 A sitecustomize the environment had before this one is run after it: putting this folder first
@@ -283,13 +284,15 @@ if _ROOT and _ARMED:
 class _HeldStream:
     """The script's stdout or stderr, watched line by line for the planned step's line."""
 
-    def __init__(self, stream, pattern, skip, printed, hold):
+    def __init__(self, stream, pattern, skip, printed, hold, phase_line=None):
         self._stream = stream
         self._pattern = pattern
         self._skip = skip
         self._printed = printed
         self._hold = hold
         self._partial = ""
+        self._phase_line = phase_line  # a fault inside a printed phase: held at the line that begins it
+        self._reached = False  # the planned step's line was printed: the phase's next line holds
 
     def write(self, text):
         written = self._stream.write(text)
@@ -297,14 +300,25 @@ class _HeldStream:
             lines = (self._partial + text).split("\n")
             self._partial = lines.pop()[-4096:]
             for line in lines:
-                if self._is_planned(line):
+                if self._holds_after(line):
                     self._stream.flush()  # the harness must read the line it is held after
                     hold, self._hold = self._hold, None
-                    hold.wait(hold.at)  # the step is the planned one or past it: it waits
+                    if self._phase_line is None:
+                        hold.wait(hold.at)  # the step is the planned one or past it: it waits
+                    else:
+                        hold.wait_in_phase(hold.phase, hold.at)
                     break
         elif self._hold is not None and isinstance(text, str):
             self._partial = (self._partial + text)[-4096:]
         return written
+
+    def _holds_after(self, line):
+        if self._phase_line is None:
+            return self._is_planned(line)
+        if self._reached and self._phase_line.search(line):
+            return True
+        self._reached = self._reached or self._is_planned(line)
+        return False
 
     def _is_planned(self, line):
         if self._skip is not None and self._skip.search(line):
@@ -337,6 +351,7 @@ def _install_hold():
     if hold is None:
         return
     skip = os.environ.get("SPOTCHAOS_HOLD_SKIP")
+    phase_line = os.environ.get("SPOTCHAOS_HOLD_PHASE_LINE")
     name = "stderr" if os.environ.get("SPOTCHAOS_HOLD_STREAM") == "stderr" else "stdout"
     stream = _HeldStream(
         getattr(sys, name),
@@ -344,6 +359,7 @@ def _install_hold():
         re.compile(skip) if skip else None,
         int(os.environ["SPOTCHAOS_HOLD_PRINTED"]),
         hold,
+        re.compile(phase_line) if phase_line and hold.phase else None,
     )
     setattr(sys, name, stream)
 

@@ -31,6 +31,7 @@ from ...probe import ENV_ATTEMPT, ENV_CHECKPOINT_URI, ENV_EVENTS, ENV_FINAL_TENS
 from ..logadapter import StepConvention
 from .hold import (
     ENV_HOLD_PATTERN,
+    ENV_HOLD_PHASE_LINE,
     ENV_HOLD_PRINTED,
     ENV_HOLD_PROBE,
     ENV_HOLD_SKIP,
@@ -202,10 +203,11 @@ def arm_hold(job: JobSpec, preemption: Preemption | None, options: EngineOptions
         return None
     if preemption.offset_seconds is not None:  # lands wherever the job is by then: it must run on
         return None
-    if preemption.phase is not None and job.log is not None:
+    if preemption.phase is not None and job.log is not None and job.log.phase_pattern(preemption.phase) is None:
         raise ConfigError(
-            f"plan {preemption}: job {job.name!r} is read through the log adapter, which reads no phases; "
-            f"a fault inside a phase needs the probe's phase({preemption.phase!r}) around it (docs/trainer-contract.md)"
+            f"plan {preemption}: job {job.name!r} is read through the log adapter, which knows a phase by the line "
+            f"that begins it: add log.phases.{preemption.phase} (its pattern), or mark the phase with the probe's "
+            f"phase({preemption.phase!r}) (docs/log-adapter.md)"
         )
     fault = PREEMPTIONS.get(preemption.fault)
     if fault is None or fault.reruns:
@@ -239,4 +241,7 @@ def hook_hold_environment(job: JobSpec, hold: Hold, convention: StepConvention |
     }
     if job.log.rollback_pattern:
         env[ENV_HOLD_SKIP] = job.log.rollback_pattern
+    begins = job.log.phase_pattern(hold.phase) if hold.phase is not None else None
+    if begins is not None:  # held at the line that begins the phase, once the planned step's line was printed
+        env[ENV_HOLD_PHASE_LINE] = begins
     return env

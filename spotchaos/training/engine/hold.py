@@ -40,6 +40,7 @@ ENV_HOLD_PATTERN = "SPOTCHAOS_HOLD_PATTERN"
 ENV_HOLD_PRINTED = "SPOTCHAOS_HOLD_PRINTED"
 ENV_HOLD_STREAM = "SPOTCHAOS_HOLD_STREAM"
 ENV_HOLD_SKIP = "SPOTCHAOS_HOLD_SKIP"
+ENV_HOLD_PHASE_LINE = "SPOTCHAOS_HOLD_PHASE_LINE"  # a fault inside a printed phase: the line that begins it
 ENV_HOLD_PROBE = "SPOTCHAOS_HOLD_PROBE"  # the probe's file: the hook waits with the probe's own code
 PROBE_FILE = Path(__file__).resolve().parents[2] / "probe.py"  # spotchaos/probe.py
 
