@@ -290,3 +290,31 @@ def test_a_jobs_own_arguments_stored_as_its_restart_got_them_are_no_state_not_re
     torch.save(changed, tmp_path / "chaos" / "a1-s9" / "ckpt.pt")
     found = compare(tmp_path / "ref", tmp_path / "chaos", confined=None, rules=DiffRules(restart_flags=flags))
     assert found is not None and found.entries == ["config.lr"], found
+
+
+@pytest.mark.unit
+def test_a_checkpoint_named_for_why_it_was_written_is_compared_with_the_references_of_its_step(tmp_path):
+    """A notice's save (sigterm-step=12.ckpt) where the uninterrupted run wrote its periodic one
+    (epoch=1-step=12.ckpt): the same state under another name is no difference; other state under
+    it is named with both names. Two unmatched files of different kinds are still absent/present."""
+    import json
+
+    from spotchaos.training.state.diff import DiffRules, _compare_folders
+
+    reference, chaos = tmp_path / "a0-s11", tmp_path / "a1-s11"
+    for folder, name, step in ((reference, "epoch=1-step=12.ckpt", 12), (chaos, "sigterm-step=12.ckpt", 12)):
+        folder.mkdir()
+        (folder / name).write_text(json.dumps({"global_step": step, "weights": [1.0, 2.0]}))
+        (folder / "last.json").write_text(json.dumps({"step": step}))
+    assert _compare_folders(reference, chaos, None, DiffRules()) == ([], 0)
+    (chaos / "sigterm-step=12.ckpt").write_text(json.dumps({"global_step": 13, "weights": [1.0, 2.0]}))
+    found, _ = _compare_folders(reference, chaos, None, DiffRules())
+    assert [entry for entry, _ in found] == ["sigterm-step=12.ckpt (the reference's epoch=1-step=12.ckpt):(bytes)"], (
+        found
+    )
+    (chaos / "sigterm-step=12.ckpt").rename(chaos / "sigterm-step=12.pt")
+    found, _ = _compare_folders(reference, chaos, None, DiffRules())
+    assert {text for _, text in found} == {
+        "epoch=1-step=12.ckpt: present vs absent",
+        "sigterm-step=12.pt: absent vs present",
+    }

@@ -123,8 +123,12 @@ def _compare_folders(
     single = len(names) == 1
     found: list[tuple[int, str, str]] = []
     more = 0
-    for name in names:
-        a, b = reference / name, chaos / name
+    pairs = [(name, reference / name, chaos / name) for name in names]
+    renamed = _renamed(pairs)
+    if renamed is not None:  # one file only on each side, of one kind: the same checkpoint named otherwise
+        pairs = [p for p in pairs if p[1].exists() and p[2].exists()] + [renamed]
+        single = len(pairs) == 1
+    for name, a, b in pairs:
         if not a.exists() or not b.exists():
             found.append((0, name, f"{name}: {_presence(a)} vs {_presence(b)}"))
             continue
@@ -143,6 +147,19 @@ def _compare_folders(
                 rank, text = 4, f"{text} ({d['suggest']}: if it is no state, list {entry!r} in state_diff_ignore)"
             found.append((rank, entry, text))
     return [(entry, text) for _, entry, text in sorted(found)], more
+
+
+def _renamed(pairs: list[tuple[str, Path, Path]]) -> tuple[str, Path, Path] | None:
+    """The one file only the reference's checkpoint has and the one only the resumed run's has,
+    paired, where they are of one kind (suffix): a checkpoint its job names by why it was written
+    (``sigterm-step=12.ckpt`` for a notice's save where the uninterrupted run wrote the periodic
+    ``epoch=1-step=12.ckpt``) holds the same state under another name, and is compared as such."""
+    only_reference = [a for _, a, b in pairs if a.exists() and not b.exists()]
+    only_chaos = [b for _, a, b in pairs if b.exists() and not a.exists()]
+    if len(only_reference) != 1 or len(only_chaos) != 1 or only_reference[0].suffix != only_chaos[0].suffix:
+        return None
+    a, b = only_reference[0], only_chaos[0]
+    return f"{b.name} (the reference's {a.name})", a, b
 
 
 def restart_flags(
