@@ -430,6 +430,22 @@ class Probe:
         durable (an asynchronous save deleting older checkpoints when the save is handed off)."""
         self.emit("removed", uri=uri)
 
+    def logger(self, run_id: str) -> None:
+        """The experiment logger's run this process writes to (a W&B or MLflow run id). Optional:
+        a resume that opens a new run splits the dashboard, and the harness says so."""
+        self.emit("logger", run_id=str(run_id))
+
+    def logged(self, step: int) -> None:
+        """The step the logger was just given (``wandb.log(..., step=step)``). Optional: after a
+        resume from step S a logged step at or before S means the logger's counter began again."""
+        self.emit("logged", step=int(step))
+
+    def best(self, score: float, *, step: int, mode: str = "min") -> None:
+        """The checkpoint kept as best was just replaced by the one after ``step``, of ``score``
+        (``mode``: "min" or "max", which is better). Optional: a resumed job that forgot the best
+        score replaces the best with a worse one, and the harness says so."""
+        self.emit("best", score=float(score), step=int(step), mode="max" if mode == "max" else "min")
+
     def final(self, tensors: Mapping[str, Any], *, step: int) -> None:
         """Training finished after step ``step``; ``tensors`` are the weights (and any state) to compare."""
         self.emit("final", step=int(step), digests=tensor_digests(tensors), memory=memory_peaks())

@@ -22,6 +22,7 @@ def accelerate_save_state(*, as_published: bool = False):
     return replace(declared, name=name, command=command, warm=not as_published)
 
 
+@pytest.mark.full  # the main job gates the bundled table with hard kills (scenarios/test_gallery_accelerate.py)
 def test_a_save_state_loop_resumes_bit_exact_inside_an_epoch_from_its_step_folder(runner):
     """sigkill@9: the restart is handed step_8 (two batches before the epoch's end) and skips the
     eight it trained; every loss and the final model.safetensors match."""

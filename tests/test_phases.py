@@ -41,6 +41,7 @@ def test_a_plan_names_a_phase_after_its_step_and_refuses_one_it_cannot_hold():
         job_from_mapping("s", {"command": ["python", "s.py"], "log": {"phases": {"eval": "(?=x)"}}}, "pyproject.toml")
 
 
+@pytest.mark.full  # the main job lands these plans on reference-eval (scenarios/test_phases.py)
 def test_a_notice_inside_an_evaluation_ends_it_and_the_resume_is_bit_exact(runner):
     run, verdict = runner.run(eval_job(), Plan.parse("sigterm@5/eval"))
     assert verdict.passed, verdict.message()
@@ -63,6 +64,9 @@ def test_a_job_that_finishes_its_evaluation_before_the_checkpoint_fails_naming_t
     message = str(failed.value)
     assert "was still inside its 'eval' phase (begun after step 5, no end reported)" in message, message
     assert "is its checkpoint too slow" not in message, message
+    # a phase the job never begins after the step: a fault that never fired, not a pass
+    _, verdict = runner.run(broken, Plan.parse("sigterm@5/save"))
+    assert any("began no 'save' phase after step 5" in f for f in verdict.failures), verdict.failures
 
 
 def printed_eval_job(*extra: str):
@@ -89,14 +93,18 @@ def printed_eval_job(*extra: str):
     return job_from_mapping("printed-eval" + "".join(extra), table, "pyproject.toml")
 
 
-def test_a_printed_phase_holds_an_unmodified_script_at_its_line_and_names_a_notice_it_ignores(runner):
-    """The log adapter knows the evaluation by the line that begins it: the hook holds the script
-    there, the notice lands inside it; the script that ends its evaluation on a notice passes, the
-    one that runs it to its end is SIGKILLed inside it, and the verdict names the phase."""
+@pytest.mark.full  # CI: the script that ignores the notice, below
+def test_a_printed_phase_holds_an_unmodified_script_at_its_line_and_the_notice_lands_inside(runner):
     run, verdict = runner.run(printed_eval_job(), Plan.parse("sigterm@5/eval"))
     assert verdict.passed, verdict.message()
     fault = run.attempts[0].fault
     assert fault.held and fault.inside == "the job's eval phase, begun after step 5", fault
+
+
+def test_a_printed_phase_holds_an_unmodified_script_at_its_line_and_names_a_notice_it_ignores(runner):
+    """The log adapter knows the evaluation by the line that begins it: the hook holds the script
+    there, the notice lands inside it; the script that runs its evaluation to its end is SIGKILLed
+    inside it, and the verdict names the phase."""
     with pytest.raises(ChaosFailure) as failed:
         runner.check(printed_eval_job("--eval-ignores-notice"), Plan.parse("sigterm@5/eval"))
     message = str(failed.value)

@@ -20,6 +20,7 @@ from ..config.jobs import JobSpec
 from ..config.placeholders import working_folder
 from ..faults import traits
 from ..probe import ENV_RUN_ID
+from .continuity import logger_runs
 from .determinism import Envelope
 from .engine.warmth import may_start_warm, preload_of, start_environment
 from .frameworks import framework_of, state_diff_ignore
@@ -215,6 +216,7 @@ def state_difference(
         exact_floats=job.exactness == "bit",
         runs=(reference.trained_in or str(reference.workdir), str(run.workdir)),
         restart_flags=restart_flags(job.command, job.resume_args, job.resume_command),
+        identities=frozenset(repr(r) for r in logger_runs(reference.attempts) | logger_runs(run.attempts)),
     )
     first = 0 if uninterrupted else 1
     return compare_kept(

@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlparse
 from ..config.exit_status import ExitExpectation
 from ..faults import traits
 from ..faults.checkpoint import Damage
+from .continuity import continuity_failures
 from .determinism import HINT, Envelope
 from .engine.landing import untested
 from .trajectory import Attempt, RunRecord, StepRecord
@@ -671,6 +672,7 @@ def judge(
     fresh = reference.steps[0] if reference.steps else None
     resume_failures, damage = _resume_checks(chaos, resumed, counter_restarts(reference), fresh)
     failures.extend(resume_failures)
+    failures.extend(continuity_failures(chaos.attempts))  # the logger's run and steps, the best checkpoint
 
     precision = precision_note(reference, chaos)
     if envelope is not None:

@@ -82,6 +82,9 @@ class DiffRules:
     # arguments in its checkpoints (nanoGPT's ``config``, a Trainer's args) stores those as the
     # restart got them, which is no state the resume failed to restore
     restart_flags: frozenset[str] = frozenset()
+    # values each run reported as its own identity (its logger's run id, ``probe.logger``), as the
+    # diff shows them: two runs store their own, which is no state a resume failed to restore
+    identities: frozenset[str] = frozenset()
 
 
 def compare(
@@ -139,6 +142,8 @@ def _compare_folders(
             if any(fnmatch.fnmatchcase(entry, pattern) for pattern in rules.ignore):
                 continue
             if _leaf(d["entry"]) in rules.restart_flags:  # the job's own argument, stored as the restart was given it
+                continue
+            if d["reference"] in rules.identities and d["chaos"] in rules.identities:  # each run's own logger run
                 continue
             same = d["reference"] == d["chaos"]
             rank = d["rank"] if isinstance(d.get("rank"), int) else 3
