@@ -154,3 +154,22 @@ def test_a_servers_port_is_picked_below_the_ephemeral_range_where_no_connect_can
     assert len(ports) > 1  # random, not one port every picker shares
     with socket.socket() as server:
         server.bind(("127.0.0.1", ports.pop()))
+
+
+def test_a_process_is_described_by_what_it_runs_however_deep_the_checkout_lies(tmp_path):
+    """A path's last part stays in the 80 characters a message gives a process (CI's checkout lies
+    deeper than a developer's: a script's name cut off there failed a test once)."""
+    import subprocess
+    import sys
+
+    from spotchaos.host.processes import describe
+
+    deep = "/" + "/".join(["a-long-folder-name"] * 8) + "/fixtures/reference_trainer.py"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", deep, "--steps", "12"])
+    try:
+        said = describe(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert said.startswith(f"pid {child.pid} (") and "reference_trainer.py --steps 12" in said, said
+    assert "a-long-folder-name" not in said and len(said) <= len(f"pid {child.pid} ()") + 80, said

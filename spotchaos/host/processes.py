@@ -153,11 +153,13 @@ def holding(folder: Path) -> list[int]:
 
 
 def describe(pid: int) -> str:
-    """``pid 123 (python train.py ...)``, for messages."""
+    """``pid 123 (python3 -u train.py --steps ...)``, for messages: each absolute path by its last
+    part, so what the process runs shows however deep the checkout lies."""
     try:
-        command = (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        argv = (PROC / str(pid) / "cmdline").read_bytes().decode("utf-8", "replace").split("\0")
     except OSError:
-        command = ""
+        argv = []
+    command = " ".join(" ".join(os.path.basename(a) if os.path.isabs(a) else a for a in argv if a).split())
     return f"pid {pid} ({command[:80]})" if command else f"pid {pid}"
 
 
