@@ -46,7 +46,7 @@ def plans_at_once(job: JobSpec, *, ray_nodes: int = 0, local_cluster: bool = Fal
     cluster one per ``nproc_per_node`` worker nodes (its Train workers one a node), since a plan
     mostly waits (Train V2's 5 s drain poll, the grace window, the group's restart) while its nodes
     could run the next; on the user's cluster one, as Ray, not the harness, places its workers."""
-    if job.backend == "ray":
+    if job.ray_backend:
         return max(1, ray_nodes // max(1, job.nnodes))
     if job.kind.cluster_ranks:
         return max(1, ray_nodes // max(1, job.nproc_per_node)) if local_cluster else 1

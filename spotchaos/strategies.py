@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from hypothesis import strategies as st
 
-from .faults import CHECKPOINT_FAULTS, PREEMPTIONS
+from .faults import CHECKPOINT_FAULTS, PREEMPTIONS, traits
 from .faults.plan import Plan, Preemption
 
 ALL_PREEMPTIONS: tuple[str, ...] = ("sigterm", "sigterm-group", "sigkill")
@@ -23,7 +23,7 @@ def preemptions(
     """One preemption at a step where the job still has work left (0 .. total_steps - 2); with
     ``offsets``, some land that many seconds after their step instead, inside the next one
     (``sigterm@5+0.1s``; shrinks towards the step's end)."""
-    unknown = [f for f in faults if f not in PREEMPTIONS or f == "crash"]
+    unknown = [f for f in faults if f not in PREEMPTIONS or traits(f).armed_by_environment]
     if unknown:
         raise ValueError(f"unknown preemption kinds {unknown}; known: {sorted(PREEMPTIONS)}")
     if total_steps < 2:
@@ -125,7 +125,7 @@ def resumes_across_epochs(fault: str, *, twice: bool = False, rerun: bool = Fals
         last = total - 1
         ends = [s for s in range(last) if epochs[s] is not None and epochs[s + 1] not in (None, epochs[s])]
         inside = [s for s in range(1, last) if s not in ends and s - 1 not in ends]
-        if fault == "sigkill":  # resumes from the checkpoint the kill follows
+        if not traits(fault).graceful:  # a kill: resumes from the checkpoint it follows
             ends = [c + 1 for c in checkpoints if c in ends and c + 1 < last]
             inside = [c + 1 for c in checkpoints if c in inside and c + 1 < last]
         plans = []

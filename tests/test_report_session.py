@@ -355,6 +355,7 @@ def test_long_scenario_ids_and_a_crash_during_a_load_fit_a_1400_px_page(session,
     document["scenarios"][0]["failing_plan"] = "sigkill@18,crash@2"
     crash = {
         "fault": "crash",
+        "at_fs_event": 2,
         "observed_step": -1,
         "delivered_at": 0.4,
         "detail": "before open-read ckpt/model.pt (file-system event 2)",

@@ -151,9 +151,14 @@ class JobSpec:
         return KINDS[self.launcher]
 
     @property
+    def ray_backend(self) -> bool:
+        """Whether the Ray backend starts its processes on the session's Ray cluster's nodes."""
+        return self.backend == "ray"
+
+    @property
     def on_ray_cluster(self) -> bool:
         """Whether its attempts take the session's Ray cluster (the Ray backend, Ray Train's workers)."""
-        return self.backend == "ray" or self.kind.cluster_ranks
+        return self.ray_backend or self.kind.cluster_ranks
 
     @property
     def gpu_request(self) -> int | str | None:

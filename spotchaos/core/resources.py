@@ -64,7 +64,7 @@ class Resources:
             from ..training.multirank.ray_train import RayTrainBackend
 
             return RayTrainBackend(self.ray_cluster(), SubprocessBackend(warm=self.warm_starts))
-        if job.backend == "ray":
+        if job.ray_backend:
             from ..backends.raycluster import RayBackend
 
             return RayBackend(self.ray_cluster(), job.ray_needs(), float(job.grace_seconds or 30.0))

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..config.declare import PHASE_NAME
 from ..errors import ConfigError
-from . import CHECKPOINT_FAULTS, PREEMPTIONS
+from . import CHECKPOINT_FAULTS, PREEMPTIONS, traits
 
 MAX_OFFSET_SECONDS = 600.0  # a fault placed after a step lands within this (an attempt's patience is longer)
 
@@ -62,7 +62,8 @@ class Preemption:
             raise ConfigError(f"unknown checkpoint fault {self.damage!r} (known: {known})")
         if not 0 <= self.pick < 1:
             raise ConfigError(f"pick must be in [0, 1), got {self.pick}")
-        if self.after_step is not None and (self.fault != "crash" or self.after_step < 0 or self.at_step < 1):
+        counted = traits(self.fault).counts_from_a_step
+        if self.after_step is not None and (not counted or self.after_step < 0 or self.at_step < 1):
             raise ConfigError(
                 f"{self.fault}@{self.after_step}+{self.at_step}: only a crash point counts events after a step "
                 "(crash@S+N: S >= 0, N >= 1)"
@@ -104,12 +105,13 @@ class Preemption:
     def fs_event(self) -> int | None:
         """For ``crash@N``, N: the job's N-th file-system event under its checkpoint directory (the
         crash point), not a training step; None for the other faults."""
-        return self.at_step if self.fault == "crash" or self.fault.startswith("crash-rank") else None
+        return self.at_step if traits(self.fault).armed_by_environment else None
 
     @property
     def crash_rank(self) -> int | None:
         """For ``crash-rankR@N``, R: the one rank armed (a torchrun job); None for the others."""
-        return int(self.fault.removeprefix("crash-rank")) if self.fault.startswith("crash-rank") else None
+        fault = traits(self.fault)
+        return fault.target if fault.armed_by_environment and fault.targeted else None
 
     def __str__(self) -> str:
         where = str(self.at_step) if self.after_step is None else f"{self.after_step}+{self.at_step}"
@@ -160,7 +162,7 @@ class Plan:
     def group_notices_as_notices(self) -> Plan:
         """The plan with each ``sigterm-group`` written ``sigterm``: for a job that receives the two
         alike (``search.as_delivered``), so a search runs the one plan once."""
-        return Plan(tuple(replace(p, fault="sigterm") if p.fault == "sigterm-group" else p for p in self.preemptions))
+        return Plan(tuple(replace(p, fault=traits(p.fault).to_the_main_process or p.fault) for p in self.preemptions))
 
     def to_dict(self) -> list[dict[str, Any]]:
         return [

@@ -24,6 +24,10 @@ class Notice(Traits):
     def name(self) -> str:
         return "sigterm-group" if self.whole_group else "sigterm"
 
+    @property
+    def to_the_main_process(self) -> str | None:  # type: ignore[override]
+        return "sigterm" if self.whole_group else None
+
     def apply(self, handle: Handle) -> None:
         handle.notify(signal.SIGTERM, whole_group=self.whole_group)
 
@@ -84,6 +88,7 @@ class CrashPoint(Traits):
     name: str = field(default="crash", init=False)
     graceful: bool = field(default=False, init=False)
     armed_by_environment: bool = field(default=True, init=False)
+    counts_from_a_step: bool = field(default=True, init=False)
 
     def apply(self, handle: Handle) -> None:
         pass

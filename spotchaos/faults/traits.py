@@ -16,9 +16,11 @@ class Traits:
     reruns: ClassVar[bool] = False  # nothing while the job runs: started again once it has finished
     warns: ClassVar[bool] = False  # Slurm's warning: SIGTERM follows after the job's lead
     armed_by_environment: ClassVar[bool] = False  # a crash point: armed before the start, fired from inside
+    counts_from_a_step: ClassVar[bool] = False  # a crash point that may count its events after a step (crash@S+N)
     targeted: ClassVar[bool] = False  # one rank's or one node's, not the whole job's
     metadata: ClassVar[str | None] = None  # a cloud's notice on its instance metadata: the provider
     target: int | None = None  # a targeted fault's rank (or node) number; None: the whole job's
+    to_the_main_process: str | None = None  # the same fault sent to the main process only (sigterm-group's sigterm)
 
 
 NO_FAULT = Traits()  # what an attempt without a fault (or an unknown name) is asked

@@ -49,7 +49,7 @@ def _fault_text(fault: dict[str, Any]) -> str:
     step = fault.get("landed_step", fault.get("observed_step"))
     step = fault.get("observed_step") if step is None else step
     when = f"after step {step}" if isinstance(step, int) and step >= 0 else "before the first step"
-    if fault.get("fault") == "crash":
+    if fault.get("at_fs_event") is not None:  # a crash point (crash, crash-rankR)
         return f"crash {fault.get('detail') or ''}, {when}".replace(" ,", ",")
     late = fault.get("steps_late")
     how = " (held)" if fault.get("held") else f" ({late} step(s) late)" if isinstance(late, int) and late else ""

@@ -26,6 +26,7 @@ class FaultRecord:
     grace_seconds: float | None = None
     grace_exceeded: bool = False
     detail: str = ""  # for a crash point: the file-system event it died before
+    at_fs_event: int | None = None  # a crash point's: the index of that event (the report tells it by this)
     # a fault planned inside a phase (FAULT@S/PHASE) or a time after a step (FAULT@S+0.15s): where it landed
     inside: str | None = None
     hang_detected_seconds: float | None = None  # hang-rank: from the stop until the harness named the rank

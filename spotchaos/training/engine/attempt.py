@@ -377,6 +377,7 @@ def _crash_record(planned: Preemption, attempt: Attempt, log: Path) -> FaultReco
         delivered_at=hit[0]["t"] - attempt.started_wall,
         delivered_wall=hit[0]["t"],
         exit_seconds=0.0,
+        at_fs_event=crash_at,
         detail=f"before {hit[0]['event']} {'/'.join(Path(hit[0]['path']).parts[-2:])} ({where})",
     )
 
