@@ -33,6 +33,7 @@ if not any(type(finder).__name__ == "_MovedPaths" for finder in sys.meta_path):
 
 _LAZY = {
     "Session": "spotchaos.session",
+    "Allowed": "spotchaos.core.judging",
     "ChaosFailure": "spotchaos.session",
     "JobSpec": "spotchaos.config.jobs",
     "Plan": "spotchaos.faults.plan",

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure, Unsatisfiable
 
 from .config.jobs import JobSpec
-from .core import Core
+from .core import Allowed, Core
 from .errors import ScenarioFailure, SpotchaosError
 from .families.preemption import ChaosFailure, DamageNotApplied, check, settle
 from .faults.plan import Plan
@@ -266,7 +266,7 @@ class _Search:
             # the session's first searched plan of the job starts from step 0 (Prefixes.claim_fresh_start):
             # it keeps the fresh start tested against the reference; every other plan may start from its checkpoints
             fresh = ran is None and self.core.prefixes.claim_fresh_start(self.job, plan)
-            check(self.core, self.job, plan, ran, prefix=not fresh, reuse=True, defer=True)
+            check(self.core, self.job, plan, ran, Allowed(prefix=not fresh, reuse=True, defer=True))
             self.verdicts[key] = "passed"
         except DamageNotApplied:
             self.verdicts[key] = "reject"
@@ -332,7 +332,7 @@ def _run_ahead(
             return
         begun = time.monotonic()
         try:
-            done[str(plan)] = core.run(job, plan, prefix=not fresh.get(str(plan)), reuse=True, defer=True)
+            done[str(plan)] = core.run(job, plan, Allowed(prefix=not fresh.get(str(plan)), reuse=True, defer=True))
         except BaseException as exc:  # raised again where the search reaches the plan
             done[str(plan)] = exc
             if not isinstance(exc, ScenarioFailure):

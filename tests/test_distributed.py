@@ -278,10 +278,10 @@ def test_bad_launcher_settings_name_the_key(table, message):
 
 @pytest.mark.unit
 def test_the_agent_command_stays_on_loopback():
-    from spotchaos.training.multirank.torchrun import agent_argv
+    from spotchaos.training.multirank.torchrun import Rendezvous, agent_argv
 
     job = JobSpec(name="j", command=("python", "t.py"), launcher="torchrun", nproc_per_node=2, nnodes=2)
-    argv = agent_argv(job, job.argv(resume=False), node=1, port=29555, run_id="abc")
+    argv = agent_argv(job, job.argv(resume=False), node=1, rendezvous=Rendezvous(29555, "abc"))
     assert "--rdzv-endpoint=127.0.0.1:29555" in argv and "--local-addr=127.0.0.1" in argv
     assert "--rdzv-conf=is_host=0" in argv and argv[-1] == "t.py" and "--nnodes=2" in argv
     assert not any(a.startswith("--shutdown-timeout") for a in argv)  # torchrun's own default, as the user's launch
@@ -289,14 +289,14 @@ def test_the_agent_command_stays_on_loopback():
 
 @pytest.mark.unit
 def test_the_agents_shutdown_timeout_comes_from_the_job_then_its_environment_then_torchrun():
-    from spotchaos.training.multirank.torchrun import agent_argv, shutdown_seconds
+    from spotchaos.training.multirank.torchrun import Rendezvous, agent_argv, shutdown_seconds
 
     job = JobSpec(name="j", command=("python", "t.py"), launcher="torchrun", nproc_per_node=2)
     assert shutdown_seconds(job, {}) == 30 and shutdown_seconds(job, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}) == 90
     assert shutdown_seconds(job, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}) == 30
     declared = replace(job, shutdown_timeout_seconds=120)
     assert shutdown_seconds(declared, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}) == 120
-    argv = agent_argv(declared, declared.argv(resume=False), node=0, port=29555, run_id="abc")
+    argv = agent_argv(declared, declared.argv(resume=False), node=0, rendezvous=Rendezvous(29555, "abc"))
     assert "--shutdown-timeout=120" in argv and argv.index("--shutdown-timeout=120") < argv.index("t.py")
 
 

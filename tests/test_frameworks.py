@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spotchaos.config.jobs import load_settings
+from spotchaos.core import Allowed
 from spotchaos.faults.plan import Plan
 from spotchaos.integrations._report import loss_of, tensors_in
 from spotchaos.session import ChaosFailure
@@ -134,7 +135,7 @@ def test_a_lightning_job_takes_prefixes_though_its_checkpoints_name_the_referenc
     checkpoint's content into the newest: from the copy, the harness knows last.ckpt as the step's
     second report, not the older step's (a no-op swap it then called a silent bad load)."""
     lightning = job("lightning")
-    run, verdict = runner.run(lightning, Plan.parse("sigkill@13:swap-older"), prefix=True)
+    run, verdict = runner.run(lightning, Plan.parse("sigkill@13:swap-older"), Allowed(prefix=True))
     snapshots = runner.reference(lightning).snapshots
     assert snapshots["refused"] is None and 11 in snapshots["steps"], snapshots
     assert run.prefix_step == 11 and verdict.passed, verdict.message()
@@ -146,7 +147,7 @@ def test_a_lightning_checkpoint_written_in_a_thread_starts_a_plan_only_once_it_w
     11 in the reference, so the plan starts from the copy before that one, and crashes where the
     run from step 0 does (from the copy after 11 it never fired, and the job took no more copies)."""
     threaded = job("lightning-async")
-    run, verdict = runner.run(threaded, Plan.parse("crash@13+1"), prefix=True)
+    run, verdict = runner.run(threaded, Plan.parse("crash@13+1"), Allowed(prefix=True))
     reference = runner.reference(threaded)
     assert ready_steps(reference)[11] >= 13 and reference.snapshots["refused"] is None, reference.snapshots
     assert run.prefix_step == 5 and verdict.passed, verdict.message()

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import strategies as st
 
 from spotchaos.config.jobs import JobSpec, job_from_mapping
+from spotchaos.core import Allowed
 from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan
 from spotchaos.probe import Probe
@@ -68,7 +69,7 @@ def test_a_plan_after_a_checkpoint_resumes_from_the_references_copy_and_is_judge
     assert sorted([*snapshots["steps"], *map(int, snapshots["skipped"])]) == [3, 7, 11, 15], snapshots
     assert snapshots["refused"] is None and snapshots["steps"], snapshots
     start = max(step for step in snapshots["steps"] if step < 13)
-    run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    run, verdict = session.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
     assert verdict.passed, verdict.message()
     assert run.prefix_step == start
     prefix, resumed, *_ = run.attempts
@@ -91,7 +92,7 @@ def test_a_plan_whose_point_is_the_early_life_starts_from_step_0(session):
     assert choose(Plan.parse("rerun@0"), snapshots, last_step=11) == 7  # trains to the end from the newest before it
     assert choose(Plan.parse("rerun@0"), snapshots, last_step=7) == 3
     assert choose(Plan.parse("crash@9+2"), snapshots) == 7  # counted from step 9: the save after it, from 7's copy
-    run, verdict = session.run(job, Plan.parse("sigterm@2"), prefix=True)
+    run, verdict = session.run(job, Plan.parse("sigterm@2"), Allowed(prefix=True))
     assert verdict.passed and run.prefix_step is None and run.attempts[0].start_kind != "prefix"
 
 
@@ -144,7 +145,7 @@ def test_a_crash_point_counted_from_its_step_lands_on_the_same_event_from_the_re
     counted = crash["index"] - first["index"] + first["since"]  # the events since step S, on across steps
     relative, *_ = (p for p in session.save_crash_points(job) if p.preemptions[0].fs_event == counted)
     assert str(relative) == f"crash@{first['step']}+{counted}", relative
-    from_copy, verdict = session.run(job, relative, prefix=True)
+    from_copy, verdict = session.run(job, relative, Allowed(prefix=True))
     assert verdict.passed, verdict.message()
     assert from_copy.prefix_step is not None and from_copy.prefix_step < crash["step"]
     from_start, verdict = session.run(job, Plan.parse(f"crash@{crash['index']}"))
@@ -171,7 +172,7 @@ def test_a_crash_while_loading_is_traced_and_run_from_the_copy_of_the_checkpoint
     kill, reads = session.resume_boundaries(job)
     assert kill.at_step == 16 and reads, (kill, reads)  # after checkpoint 15, the newest leaving two steps
     plan = Plan((kill, *Plan.parse(f"crash@{reads[0]['index']}").preemptions))
-    run, verdict = session.run(job, plan, prefix=True)
+    run, verdict = session.run(job, plan, Allowed(prefix=True))
     # from the newest copy before the kill: the one of step 15, unless the trainer's background unlink
     # of a rotated checkpoint changed the folder while it was copied and that copy was skipped
     newest = max(step for step in session.reference(job).snapshots["steps"] if step < kill.at_step)
@@ -182,11 +183,11 @@ def test_a_crash_while_loading_is_traced_and_run_from_the_copy_of_the_checkpoint
 def test_a_broken_job_fails_from_step_0_with_its_own_message_and_takes_no_more_prefixes(session):
     job = trainer("broken_no_rng_restore")
     session.reference(job)
-    run, verdict = session.run(job, Plan.parse("sigterm@9"), prefix=True)
+    run, verdict = session.run(job, Plan.parse("sigterm@9"), Allowed(prefix=True))
     assert not verdict.passed and run.prefix_step is None  # the verdict is the step-0 run's
     assert "rng" in verdict.message()
     assert "failed" in session.reference(job).snapshots["refused"]
-    again, _ = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    again, _ = session.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
     assert again.prefix_step is None
 
 
@@ -195,7 +196,7 @@ def test_a_checkpoint_that_names_the_references_folder_makes_the_job_refuse_pref
     snapshots = session.reference(job).snapshots
     assert snapshots["steps"] == [] and "names a path inside the reference run's own folder" in snapshots["refused"]
     assert "latest" in snapshots["refused"]
-    run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    run, verdict = session.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
     assert verdict.passed and run.prefix_step is None
     # every plan of it starts from step 0: none is set aside as a second plan of its early life
     early = [Plan.parse("sigterm@1"), Plan.parse("sigterm@2")]
@@ -327,7 +328,7 @@ def test_off_for_a_job_or_a_session_means_every_plan_from_step_0(session, tmp_pa
     assert session.prefixes.start(twin, Plan.parse("sigkill@13"), reference) is None
     with Session(ROOT, workdir=tmp_path / "off", prefix=False) as off:
         assert off.reference(job).snapshots is None
-        run, verdict = off.run(job, Plan.parse("sigkill@13"), prefix=True)
+        run, verdict = off.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
         assert verdict.passed and run.prefix_step is None
 
 
@@ -342,7 +343,7 @@ def test_a_failing_prefix_run_is_judged_from_step_0_and_ends_the_jobs_prefixes(s
     snapshot = Path(reference.workdir + ".snapshots") / f"s{start}"
     newest = max(snapshot.glob("ckpt-*"))  # the copy loses its newest checkpoint: a resume goes back further
     shutil.rmtree(newest)
-    run, verdict = session.run(job, Plan.parse("sigkill@13"), prefix=True)
+    run, verdict = session.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
     assert verdict.passed and run.prefix_step is None, verdict.message()
     assert "passed from step 0" in reference.snapshots["refused"]
     explained = run.shortcuts["explained"]
@@ -438,7 +439,7 @@ def test_a_twin_run_first_without_prefixes_leaves_the_job_its_own_reference_and_
         assert whole.snapshots == {"steps": [], "refused": "prefix = false"}, whole.snapshots
         reference = runner.reference(job)
         assert reference is not whole and reference.snapshots["steps"], reference.snapshots
-        run, verdict = runner.run(job, Plan.parse("sigkill@13"), prefix=True)
+        run, verdict = runner.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
         assert verdict.passed, verdict.message()
         assert run.prefix_step is not None and run.prefix_step < 13, run.prefix_step
         assert runner.reference(twin) is whole  # each keeps its own for the session
@@ -471,7 +472,7 @@ def test_a_side_file_beside_the_checkpoint_folder_refuses_copies_and_fails_on_ev
                 refused = reference.snapshots["refused"]
                 assert "side.json outside its checkpoint folder (open-write before its first step)" in refused, refused
                 assert reference.snapshots["steps"] == []
-            run, verdict = runner.run(job, Plan.parse("sigterm@9"), prefix=prefix)
+            run, verdict = runner.run(job, Plan.parse("sigterm@9"), Allowed(prefix=prefix))
             assert run.prefix_step is None and not verdict.passed
             assert "batch" in verdict.message(), verdict.message()  # the batches after the resume differ
 
@@ -482,15 +483,15 @@ def test_a_failure_on_a_shortcut_that_the_slow_path_does_not_see_fails_naming_th
     the cause is unknown, and the job runs the rest of the session on the slow path."""
     job = trainer("broken_warm_only")
     with Session(ROOT, workdir=tmp_path / "runs") as runner:
-        run, verdict = runner.run(job, Plan.parse("sigterm@9"), prefix=True, reuse=True)
+        run, verdict = runner.run(job, Plan.parse("sigterm@9"), Allowed(prefix=True, reuse=True))
         assert not verdict.passed
         first = verdict.failures[0]
         assert first.startswith("the start from the reference's copy and warm start changed the verdict"), first
         assert "The cause is unknown" in first and "hint" not in first, first  # what was seen, no guessed cause
         assert run.shortcuts["used"] == ["start from the reference's copy", "warm start"], run.shortcuts
         assert runner.shortcuts.off(job) is not None
-        _, verdict_again = runner.run(job, Plan.parse("sigterm@9"), prefix=True, reuse=True)
+        _, verdict_again = runner.run(job, Plan.parse("sigterm@9"), Allowed(prefix=True, reuse=True))
         assert not verdict_again.passed and verdict_again.failures == verdict.failures  # a replay sees it too
-        later, later_verdict = runner.run(job, Plan.parse("sigkill@13"), prefix=True)
+        later, later_verdict = runner.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
         assert later_verdict.passed, later_verdict.message()  # cold from step 0 it resumes right
         assert {a.start_kind.split(":")[0] for a in later.attempts} == {"cold"} and later.prefix_step is None

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from spotchaos.config.jobs import JobSpec, job_from_mapping, load_settings
+from spotchaos.core import Allowed
 from spotchaos.errors import ConfigError
 from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
@@ -77,12 +78,16 @@ def test_a_second_session_reads_an_unchanged_jobs_reference_and_its_copies_inste
         ]
         assert read.snapshots["steps"] == trained.snapshots["steps"] and read.workdir != trained.workdir
         assert Path(read.workdir + ".kept").is_dir()  # its kept checkpoints, for the state diff
-        run, verdict = second.run(job, Plan.parse("sigkill@13"), prefix=True)  # from the cached copy of step 11
+        run, verdict = second.run(
+            job, Plan.parse("sigkill@13"), Allowed(prefix=True)
+        )  # from the cached copy of step 11
         assert verdict.passed, verdict.message()
         assert run.prefix_step == max(s for s in read.snapshots["steps"] if s < 13)
         uris = [e["uri"] for e in run.attempts[0].of_kind("checkpoint")]
         assert uris and all(u.startswith(Path(run.workdir, "checkpoints").as_uri()) for u in uris)
-        again, verdict = second.run(job, Plan.parse("sigterm@2"), prefix=True)  # from step 0, against the cache
+        again, verdict = second.run(
+            job, Plan.parse("sigterm@2"), Allowed(prefix=True)
+        )  # from step 0, against the cache
         assert verdict.passed and again.prefix_step is None, verdict.message()
     cost = per_job([{"job": job.name, "cost": record.cost}])[job.name]
     assert cost["cached_references"] == 1 and cost["runs"] == 2  # the two plans; no reference run
@@ -113,11 +118,11 @@ def test_a_cache_the_job_no_longer_matches_is_recomputed_never_a_failure_of_the_
     with session(tmp_path, ReferenceCache(folder), "second") as second:
         assert second.reference(job).cache["read"] is True
         # a plan from a cached copy resumes the stale state: consistent with the stale reference, it passes
-        early, verdict = second.run(job, Plan.parse("sigkill@6"), prefix=True)
+        early, verdict = second.run(job, Plan.parse("sigkill@6"), Allowed(prefix=True))
         assert verdict.passed and early.prefix_step == 3 and "recomputed" not in second.reference(job).cache
         # a plan from step 0 (every scenario has one) trains what the job does now: it differs (step 0 reports its
         # learning rate), and is judged again
-        run, verdict = second.run(job, Plan.parse("sigkill@2"), prefix=True)
+        run, verdict = second.run(job, Plan.parse("sigkill@2"), Allowed(prefix=True))
         assert verdict.passed and run.prefix_step is None, verdict.message()
         fresh = second.reference(job)
         assert fresh.cache["recomputed"] == (
@@ -141,7 +146,7 @@ def test_a_broken_job_still_fails_and_a_confirmed_cache_costs_one_reference_run(
     with session(tmp_path, ReferenceCache(folder), "first") as first:
         first.reference(job)
     with session(tmp_path, ReferenceCache(folder), "second") as second:
-        _, verdict = second.run(job, Plan.parse("sigterm@9"), prefix=True)
+        _, verdict = second.run(job, Plan.parse("sigterm@9"), Allowed(prefix=True))
         assert not verdict.passed and "rng" in verdict.message()  # the defect, named as without the cache
         assert second.reference(job).cache["confirmed"] == "a run failed: the reference trained again matched"
 

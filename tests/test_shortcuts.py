@@ -17,6 +17,7 @@ from spotchaos.config.container import ContainerSpec
 from spotchaos.config.jobs import JobSpec
 from spotchaos.config.logspec import LogSpec
 from spotchaos.config.prices import CostInputs
+from spotchaos.core import Allowed
 from spotchaos.faults.plan import Plan
 from spotchaos.search import ExploreSettings, explore
 from spotchaos.session import ChaosFailure, Session
@@ -105,13 +106,13 @@ def test_a_plan_passed_by_one_job_runs_again_for_a_twin_that_differs_anywhere(tm
     job = JobSpec(name="twin", command=command, grace_seconds=20)
     with Session(ROOT, workdir=tmp_path / "runs") as runner:
         plan = Plan.parse("sigterm@6")
-        first, verdict = runner.run(job, plan, prefix=True, reuse=True)
+        first, verdict = runner.run(job, plan, Allowed(prefix=True, reuse=True))
         assert verdict.passed and not first.reused and first.prefix_step is not None, verdict.message()
-        same, _ = runner.run(job, plan, prefix=True, reuse=True)
+        same, _ = runner.run(job, plan, Allowed(prefix=True, reuse=True))
         assert same.reused
-        fresh, _ = runner.run(job, plan, prefix=False, reuse=True)
+        fresh, _ = runner.run(job, plan, Allowed(prefix=False, reuse=True))
         assert not fresh.reused and fresh.prefix_step is None, "a copy's pass answered a plan from step 0"
-        twin, _ = runner.run(replace(job, grace_seconds=2), plan, prefix=True, reuse=True)
+        twin, _ = runner.run(replace(job, grace_seconds=2), plan, Allowed(prefix=True, reuse=True))
         assert not twin.reused, "the 2-s twin took the 20-s job's verdict"
 
 
@@ -126,16 +127,16 @@ def test_the_audit_runs_passes_through_a_shortcut_again_on_the_slow_path(tmp_pat
 
     good, cold_only = job("reference_trainer.py", "audited"), job("broken_cold_only.py", "cold-only")
     with Session(ROOT, workdir=tmp_path / "runs", audit=1) as runner:
-        run, verdict = runner.run(good, Plan.parse("sigterm@6"), prefix=True)
+        run, verdict = runner.run(good, Plan.parse("sigterm@6"), Allowed(prefix=True))
         assert verdict.passed and run.shortcuts is None, verdict.message()
         assert runner.shortcuts.take_audit(good) is False, "its one audit was spent"
-        run, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), prefix=True)
+        run, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), Allowed(prefix=True))
         assert not verdict.passed, "the audit did not catch a pass only a warm start gives"
         first = verdict.failures[0]
         assert first.startswith("a shortcut passed a failing plan: through the start from the reference's copy"), first
         assert "warm start" in run.shortcuts["used"] and runner.shortcuts.off(cold_only) is not None
     with Session(ROOT, workdir=tmp_path / "unaudited") as runner:
-        _, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), prefix=True)
+        _, verdict = runner.run(cold_only, Plan.parse("sigterm@6"), Allowed(prefix=True))
         assert verdict.passed, "without the audit the warm pass stands (what the audit is for)"
 
 

@@ -67,8 +67,7 @@ def _fork(pool: WarmStarts, folder: Path, arg: str, run_id: str, preload=("json"
             start,
             folder,
             preload,
-            stdout.fileno(),
-            stderr.fileno(),
+            (stdout.fileno(), stderr.fileno()),
         )
     return handle, out, err
 
@@ -107,7 +106,7 @@ def test_a_module_run_with_dash_m_is_forked_as_python_runs_it(folder):
     )  # fmt: skip
     with WarmStarts(live=LiveJobs(folder / "live")) as pool, open(folder / "m.out", "w") as out:
         env = {**_base(), "SPOTCHAOS_RUN_ID": "i" * 12}
-        handle = pool.start((sys.executable, "-m", "who", "0", "x"), env, _base(), folder, ("json",), out.fileno(), 2)
+        handle = pool.start((sys.executable, "-m", "who", "0", "x"), env, _base(), folder, ("json",), (out.fileno(), 2))
         assert handle.start_kind == "warm" and handle.wait(60) == 0
         handle.cleanup()
     warm, expected = json.loads((folder / "m.out").read_text()), json.loads(cold.stdout)
@@ -175,11 +174,11 @@ def test_an_optional_preload_that_does_not_import_is_left_to_the_attempt_and_the
     with WarmStarts(live=LiveJobs(folder / "live")) as pool, open(folder / "o", "w") as out:
         preload = ("json", "?breaks", "?no_such_package.sub")
         argv, fds = (sys.executable, "who.py", "0"), (out.fileno(), out.fileno())
-        handle = pool.start(argv, {**base, "SPOTCHAOS_RUN_ID": "f" * 12}, base, folder, preload, *fds)
+        handle = pool.start(argv, {**base, "SPOTCHAOS_RUN_ID": "f" * 12}, base, folder, preload, fds)
         assert handle.start_kind == "warm" and handle.wait(60) == 0
         handle.cleanup()
         with pytest.raises(ColdStart, match=r"preloading 'breaks' failed: RuntimeError: not on this Python"):
-            pool.start(argv, {**base, "SPOTCHAOS_RUN_ID": "g" * 12}, base, folder, ("breaks",), *fds)
+            pool.start(argv, {**base, "SPOTCHAOS_RUN_ID": "g" * 12}, base, folder, ("breaks",), fds)
 
 
 @pytest.mark.unit
@@ -238,7 +237,7 @@ def test_the_tests_of_a_session_fork_from_one_warm_interpreter_whatever_pytest_s
             with open(out, "w") as stdout, open(folder / f"{index}.err", "w") as stderr:
                 handle = pool.start(
                     (sys.executable, "who.py", "0"), {**start, "SPOTCHAOS_RUN_ID": run_id}, start, folder, ("json",),
-                    stdout.fileno(), stderr.fileno(),
+                    (stdout.fileno(), stderr.fileno()),
                 )  # fmt: skip
             assert handle.start_kind == "warm" and handle.wait(60) == 0
             handle.cleanup()
@@ -264,7 +263,7 @@ def test_consecutive_attempts_hash_strings_differently_unless_the_job_fixes_its_
                 env = {**start, "SPOTCHAOS_RUN_ID": f"{attempt:012d}", "SPOTCHAOS_ATTEMPT": str(attempt)}
                 with open(out, "w") as stdout, open(folder / f"h{attempt}.err", "w") as stderr:
                     handle = pool.start(
-                        (sys.executable, "hashes.py"), env, start, folder, ("json",), stdout.fileno(), stderr.fileno()
+                        (sys.executable, "hashes.py"), env, start, folder, ("json",), (stdout.fileno(), stderr.fileno())
                     )
                 assert handle.start_kind == "warm" and handle.wait(60) == 0, (folder / f"h{attempt}.err").read_text()
                 handle.cleanup()
@@ -315,7 +314,7 @@ def test_a_killed_pytest_leaves_its_warm_interpreter_and_attempt_to_the_next_ses
         out = open({str(folder / "child.out")!r}, "w")
         base = {{"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}}
         handle = pool.start((sys.executable, "who.py", "sleep"), {{**base, "SPOTCHAOS_RUN_ID": "h" * 12}}, base,
-                            Path({str(folder)!r}), ("json",), out.fileno(), out.fileno())
+                            Path({str(folder)!r}), ("json",), (out.fileno(), out.fileno()))
         LiveJobs(Path({str(live)!r})).add("h" * 12, handle.identity)
         print(json.dumps([handle.pid, pool._zygotes[next(iter(pool._zygotes))].process.pid]), flush=True)
         time.sleep(600)

@@ -131,7 +131,7 @@ class SubprocessBackend(Backend):
     def _warm(self, spec: LaunchSpec, stdout, stderr) -> WarmHandle:
         assert self.warm is not None and spec.start_env is not None
         handle = self.warm.start(
-            spec.argv, spec.env, spec.start_env, spec.cwd, spec.preload, stdout.fileno(), stderr.fileno()
+            spec.argv, spec.env, spec.start_env, spec.cwd, spec.preload, (stdout.fileno(), stderr.fileno())
         )
         handle.marker = spec.marker
         stdout.close()  # the attempt holds its own copies

@@ -3,6 +3,18 @@
 (:mod:`.judging`) and the marks that make a method an entry point (:mod:`.entries`)."""
 
 from .entries import Entry, entry_of, query, scenario
-from .runs import Core, CoreOptions, SessionCore
+from .judging import NONE, Allowed
+from .runs import Core, CoreOptions, SessionCore, StorageChaos
 
-__all__ = ["Core", "CoreOptions", "Entry", "SessionCore", "entry_of", "query", "scenario"]
+__all__ = [
+    "NONE",
+    "Allowed",
+    "Core",
+    "CoreOptions",
+    "Entry",
+    "SessionCore",
+    "StorageChaos",
+    "entry_of",
+    "query",
+    "scenario",
+]

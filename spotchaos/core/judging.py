@@ -12,6 +12,7 @@ run again: neither leaves a cause named that the evidence does not prove.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config.jobs import JobSpec
@@ -31,17 +32,31 @@ if TYPE_CHECKING:
 RESTORED_INPUTS = {"lr", "batch", "epoch", "rng"}
 
 
-def run_judged(
-    core: Core, job: JobSpec, plan: Plan, *, prefix: bool, reuse: bool, defer: bool
-) -> tuple[RunRecord, Verdict]:
+@dataclass(frozen=True)
+class Allowed:
+    """The shortcuts a caller lets one plan take; whatever it allows, a failure through one is
+    judged again on the slow path. ``prefix``: from the reference's checkpoint before its first
+    fault where it can; ``reuse``: a plan passed on this job is not run again; ``defer``: that
+    judgement waits until the caller ``settle``s the plan (a search, for the plan it reports)."""
+
+    prefix: bool = False
+    reuse: bool = False
+    defer: bool = False
+
+
+NONE = Allowed()
+
+
+def run_judged(core: Core, job: JobSpec, plan: Plan, allowed: Allowed) -> tuple[RunRecord, Verdict]:
     """A plan's verdict under the shortcuts' rule: a failure through a shortcut is judged again on the
     slow path, whose failure is the verdict; a slow pass is a disagreement, and fails too."""
     shortcuts, prefixes = core.shortcuts, core.prefixes
+    prefix = allowed.prefix
     if shortcuts.off(job):  # a shortcut disagreed with the slow path earlier this session
         prefix, runs_as = False, slow(job)
     else:
         runs_as = job
-    if reuse and (ran := shortcuts.reused(job, plan, from_copy_ok=prefix)) is not None:
+    if allowed.reuse and (ran := shortcuts.reused(job, plan, from_copy_ok=prefix)) is not None:
         return ran
     start = prefixes.start(job, plan, core.reference(job)) if prefix else None
     fast = core.judged(runs_as, plan, start)
@@ -50,7 +65,7 @@ def run_judged(
         start = prefixes.start(job, plan, core.reference(job)) if prefix else None
         fast = core.judged(runs_as, plan, start)
     if not fast.verdict.passed:
-        if fast.used and not defer:
+        if fast.used and not allowed.defer:
             return slow_judged(core, job, plan, fast, start)
         if fast.used:  # a search's failure steers its shrinking; the plan it reports is settled
             shortcuts.defer(job, plan, fast, start)
@@ -62,7 +77,7 @@ def run_judged(
             result = shortcuts.disagreed(job, plan, fast, slow_path, audit=True)
             prefixes.failed(job, core.reference(job), plan, start, result.verdict, fast.verdict)
             return result.record, result.verdict
-    if reuse:
+    if allowed.reuse:
         shortcuts.passed(job, plan, fast, start)
     return fast.record, fast.verdict
 

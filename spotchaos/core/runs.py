@@ -38,7 +38,7 @@ from ..training.state.kept import KeptCopies, kept_dir
 from ..training.trajectory import RunRecord
 from ..training.verdict import Verdict
 from .entries import query
-from .judging import judged_until_fired, run_judged, slow_judged
+from .judging import NONE, Allowed, judged_until_fired, run_judged, slow_judged
 from .references import References
 from .resources import Resources
 
@@ -47,6 +47,19 @@ if TYPE_CHECKING:
     from ..storage import Fault, S3Service
 
 RestartHook = Callable[[int, Mapping[str, str]], Mapping[str, str] | None]
+
+
+@dataclass(frozen=True)
+class StorageChaos:
+    """What a run's storage does to it: ``faults`` on for the whole run and removed after it;
+    ``before_restart(index, storage_env)`` may swap the variables the restarts get (credentials
+    refused, a token expired)."""
+
+    faults: Sequence[Fault] = ()
+    before_restart: RestartHook | None = None
+
+
+CALM = StorageChaos()
 
 
 @dataclass(frozen=True)
@@ -180,24 +193,21 @@ class Core:
         plan: Plan,
         workdir: Path,
         *,
-        storage_faults: Sequence[Fault] = (),
-        before_restart: RestartHook | None = None,
+        storage: StorageChaos = CALM,
         learn: bool = False,
         keep_checkpoints: str = "",
         **engine: Any,
     ) -> RunRecord:
-        """One run of ``job`` under ``plan`` on its backend and storage; ``storage_faults`` are on
-        for the whole run and removed after it; ``before_restart(index, storage_env)`` may swap
-        variables for the restarts; ``engine``: the rest of :class:`EngineOptions` (``trace_fs``,
-        ``prefix``...). A log-adapter job's runs count steps the way its uninterrupted run taught
-        (that run comes first, with ``learn``)."""
+        """One run of ``job`` under ``plan`` on its backend and ``storage``; ``engine``: the rest of
+        :class:`EngineOptions` (``trace_fs``, ``prefix``...). A log-adapter job's runs count steps
+        the way its uninterrupted run taught (that run comes first, with ``learn``)."""
         convention = self.references.convention(job) if job.log is not None and not learn else None
         with self.resources.storage(job) as storage_env:
             hook = None
-            if before_restart is not None:
+            if (swap := storage.before_restart) is not None:
 
                 def hook(index: int) -> Mapping[str, str] | None:
-                    return before_restart(index, storage_env)
+                    return swap(index, storage_env)
 
             options = EngineOptions(
                 root=self.root,
@@ -214,7 +224,7 @@ class Core:
                 **engine,
             )
             with contextlib.ExitStack() as added:
-                for fault in storage_faults:
+                for fault in storage.faults:
                     self.s3.add(fault)
                     added.callback(self.s3.remove, fault)
                 record = run_job(job, plan, workdir, options)
@@ -222,14 +232,10 @@ class Core:
         note_cost(record, len(reference.steps) if reference is not None else len(record.steps) if learn else None)
         return record
 
-    def run(
-        self, job: JobSpec, plan: Plan, *, prefix: bool = False, reuse: bool = False, defer: bool = False
-    ) -> tuple[RunRecord, Verdict]:
-        """Run ``plan`` and judge it (a passing run's folder goes); ``prefix``: from the reference's
-        checkpoint before its first fault where it can; ``reuse``: a plan passed is not run again.
-        A failure seen through a shortcut is judged again on the slow path (:mod:`.judging`);
-        ``defer``: not yet, but when the caller ``settle``s it (a search, for the plan it reports)."""
-        return run_judged(self, job, plan, prefix=prefix, reuse=reuse, defer=defer)
+    def run(self, job: JobSpec, plan: Plan, allowed: Allowed = NONE) -> tuple[RunRecord, Verdict]:
+        """Run ``plan`` and judge it (a passing run's folder goes), taking the shortcuts ``allowed``;
+        a failure seen through one is judged again on the slow path (:mod:`.judging`)."""
+        return run_judged(self, job, plan, allowed)
 
     def settle(self, job: JobSpec, plan: Plan) -> tuple[RunRecord, Verdict] | None:
         """The slow path's verdict of a failure ``run`` deferred (None: none was)."""

@@ -4,7 +4,7 @@ attempts) and fail unless the resumed run is bit-exact with the reference."""
 from __future__ import annotations
 
 from ..config.jobs import JobSpec
-from ..core import Core
+from ..core import NONE, Allowed, Core
 from ..errors import ConfigError, ScenarioFailure, SpotchaosError
 from ..faults.plan import Plan
 from ..record import note_run
@@ -31,22 +31,17 @@ def check(
     job: JobSpec,
     plan: Plan | str,
     ran: tuple[RunRecord, Verdict] | None = None,
-    *,
-    prefix: bool = False,
-    reuse: bool = False,
-    defer: bool = False,
+    allowed: Allowed = NONE,
 ) -> Verdict:
     """Run one plan (a :class:`Plan` or ``"sigterm@5,sigkill@12"``); raise :class:`ChaosFailure`
     unless every verdict holds. ``ran``: the plan's run and verdict, already made (a plan run
-    ahead of the search, in parallel), judged and recorded as if run now. ``prefix``: it may start
-    from the reference's checkpoint before its first fault (the search's plans after its first);
-    ``reuse``: a plan another search of the session passed on this job is not run again;
-    ``defer``: a failure through a shortcut is judged on the slow path only when ``settle``d (a
-    search settles the one it reports)."""
+    ahead of the search, in parallel), judged and recorded as if run now. ``allowed``: the
+    shortcuts it may take (a search's plans after its first: a start from the reference's copy,
+    reuse of another search's pass, the slow path's judgement deferred until ``settle``d)."""
     plan = Plan.parse(plan) if isinstance(plan, str) else plan
     if not plan.preemptions:
         raise ConfigError(f"job {job.name!r}: an empty plan preempts nothing; give at least one FAULT@STEP")
-    run, verdict = ran if ran is not None else core.run(job, plan, prefix=prefix, reuse=reuse, defer=defer)
+    run, verdict = ran if ran is not None else core.run(job, plan, allowed)
     skipped = [a.damage for a in run.attempts if a.damage is not None and not a.damage.applied]
     if skipped:
         raise DamageNotApplied(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..budgets.overhead import checkpoint_blocking
 from ..config.jobs import JobSpec
-from ..core import Core
+from ..core import Core, StorageChaos
 from ..errors import JobError, ScenarioFailure, SpotchaosError
 from ..faults.plan import Plan, Preemption
 from ..probe import ENV_CHECKPOINT_URI
@@ -72,7 +72,7 @@ def check_storage(core: Core, job: JobSpec, plan: Plan | str, faults: Sequence[F
     workdir = core.next_dir(f"{job.name}-storage")
     names = ", ".join(f.name for f in faults)
     try:
-        run = core.execute(job, plan, workdir, storage_faults=faults)
+        run = core.execute(job, plan, workdir, storage=StorageChaos(faults))
     except JobError as exc:
         figures = {"scenario": "storage faults", "faults": names, "plan": str(plan)}
         problems = [str(exc), STORAGE_HINT, *_leak_problems(workdir, core.secrets_of(job))]
@@ -134,7 +134,7 @@ def check_upload_preemption(core: Core, job: JobSpec) -> dict[str, Any]:
             job,
             plan,
             workdir,
-            storage_faults=[Bandwidth(rate, downloads=False)],
+            storage=StorageChaos([Bandwidth(rate, downloads=False)]),
             preempt_when=lambda: core.s3.proxy.uploading(at_least=TORN_AFTER_BYTES),  # inside a data upload
         )
     except JobError as exc:
@@ -235,7 +235,8 @@ def check_storage_refusal(core: Core, job: JobSpec, fault: Fault | CredentialSwa
     problems: list[str] = []
     message = ""
     try:
-        core.execute(job, Plan((Preemption(steps[0] + 1, "sigkill"),)), workdir, before_restart=refuse)
+        kill = Plan((Preemption(steps[0] + 1, "sigkill"),))
+        core.execute(job, kill, workdir, storage=StorageChaos(before_restart=refuse))
         problems.append(f"the restarted job finished although S3 refused it ({fault.name}): did it checkpoint?")
     except JobError as exc:
         message = str(exc)

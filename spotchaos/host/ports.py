@@ -25,7 +25,7 @@ def free_port() -> int:
     if low is not None and low - BELOW_EPHEMERAL >= 1024:
         for _ in range(TRIES):
             port = random.randrange(low - BELOW_EPHEMERAL, low)
-            if _bindable(port):
+            if bind_error(port) is None:
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -39,10 +39,12 @@ def _ephemeral_low() -> int | None:
         return None
 
 
-def _bindable(port: int) -> bool:
+def bind_error(port: int) -> OSError | None:
+    """Why ``port`` on 127.0.0.1 cannot be bound now (None: it can): a free pick and a configured
+    port are checked the one way."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+        except OSError as exc:
+            return exc
+        return None

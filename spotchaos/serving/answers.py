@@ -33,14 +33,14 @@ async def bounded_request(
     url: str,
     seconds: float,
     *,
-    content: bytes | None = None,
-    headers: dict[str, str] | None = None,
     read_body: bool = True,
+    **request: Any,
 ) -> Answer:
     """The answer to one request, within ``seconds`` in all; ``TimeoutError`` past it. Without
-    ``read_body`` only the status and headers are waited for (a readiness check)."""
+    ``read_body`` only the status and headers are waited for (a readiness check); ``request``:
+    httpx's own options for it (``content``, ``headers``), passed as they are."""
     async with asyncio.timeout(seconds):
-        async with client.stream(method, url, content=content, headers=headers) as response:
+        async with client.stream(method, url, **request) as response:
             head, tail, size = bytearray(), b"", 0
             if read_body:
                 async for chunk in response.aiter_bytes():

@@ -339,14 +339,14 @@ class WarmStarts:
         start_env: Mapping[str, str],
         cwd: Path,
         preload: tuple[str, ...],
-        stdout: int,
-        stderr: int,
+        output: tuple[int, int],
     ) -> WarmHandle:
-        """Fork one attempt; :class:`ColdStart` says why it must start cold instead."""
+        """Fork one attempt writing to ``output`` (its stdout's and stderr's descriptors);
+        :class:`ColdStart` says why it must start cold instead."""
         launch = plan_launch(argv, env, start_env, cwd, preload)
         zygote = self._zygote(launch, start_env, preload)
         try:
-            pid, status = zygote.fork(launch.request, stdout, stderr)
+            pid, status = zygote.fork(launch.request, *output)
         except ColdStart:
             with self._lock:
                 if self._zygotes.get(launch.key) is zygote:

@@ -18,7 +18,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from ...backends.base import Backend, LaunchSpec
 from ...config.declare import PYTHON_ALIASES
 from ...config.jobs import JobSpec
 from ...errors import JobError
-from ...host.ports import free_port
+from ...host.ports import bind_error, free_port
 from ...host.processes import carrying, descendants, end
 from ...host.warm import torchrun_ranks
 from ...safety.safefs import log_tail, open_beneath
@@ -50,16 +49,30 @@ RANK_PREFIX_TEMPLATE = "[rank${rank}]:"
 
 def check_port(job: JobSpec, port: int) -> None:
     """A configured rendezvous port that is taken is the user's to fix, said before any agent starts."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise JobError(
-                    f"{job.where('rdzv_port')}: port {port} on 127.0.0.1 is already taken, so torchrun's rendezvous "
-                    "cannot listen there; free it or leave rdzv_port unset (a free port is picked)"
-                ) from None
-            raise
+    error = bind_error(port)
+    if error is not None and error.errno == errno.EADDRINUSE:
+        raise JobError(
+            f"{job.where('rdzv_port')}: port {port} on 127.0.0.1 is already taken, so torchrun's rendezvous "
+            "cannot listen there; free it or leave rdzv_port unset (a free port is picked)"
+        )
+    if error is not None:
+        raise error
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where one attempt's agents meet: node 0's store on loopback, and the run's id."""
+
+    port: int
+    run_id: str
+
+    def options(self, node: int) -> list[str]:
+        return [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{self.port}",
+            f"--rdzv-id={self.run_id}",
+            f"--rdzv-conf=is_host={1 if node == 0 else 0}",  # node 0 holds the store: the one never lost
+        ]
 
 
 def agent_argv(
@@ -67,8 +80,7 @@ def agent_argv(
     argv: tuple[str, ...],
     *,
     node: int,
-    port: int,
-    run_id: str,
+    rendezvous: Rendezvous,
     forked: ForkedRanks | None = None,
     log_dir: Path | None = None,
 ) -> tuple[str, ...]:
@@ -86,10 +98,7 @@ def agent_argv(
         f"--nnodes={job.nnodes}",
         f"--max-restarts={job.max_restarts}",
         f"--monitor-interval={MONITOR_INTERVAL}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id={run_id}",
-        f"--rdzv-conf=is_host={1 if node == 0 else 0}",  # node 0 holds the store: the one never lost
+        *rendezvous.options(node),
         "--local-addr=127.0.0.1",  # MASTER_ADDR on loopback, never the host name's address
     ]
     if job.shutdown_timeout_seconds is not None:
@@ -264,9 +273,8 @@ class TorchrunHandle(RankedHandle):
         if self.job.log is not None:  # each rank's output kept in torchrun's log folder, and teed to the agent's
             logs = log_dir(spec).with_name(log_dir(spec).name + (f".node{node}" if node else ""))
             env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
-        argv = agent_argv(
-            self.job, spec.argv, node=node, port=self.port, run_id=self.run_id, forked=self.forked, log_dir=logs
-        )
+        meeting = Rendezvous(self.port, self.run_id)
+        argv = agent_argv(self.job, spec.argv, node=node, rendezvous=meeting, forked=self.forked, log_dir=logs)
         return replace(
             spec,
             argv=argv,
