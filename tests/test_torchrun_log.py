@@ -92,3 +92,17 @@ def test_agents_whose_rendezvous_port_was_taken_first_start_again_on_another(run
     assert reference.final is not None and len(reference.steps) == 8
     failed = next(Path(reference.workdir).glob("attempt-0/stderr.port-taken-1.log"))
     assert "EADDRINUSE" in failed.read_text()
+
+
+def test_a_rank_that_never_loads_the_snapshot_is_named_from_its_own_log(runner):
+    """Every rank prints its loss and torchrun keeps each rank's log: the ranks other than 0 are
+    judged on their own lines too. Only rank 0 loads the snapshot here, so after the resume rank
+    1 trains from fresh weights: its loss leaves the reference at the first step after the resume,
+    rank 0's only at the next (the averaged gradient carries rank 1's error). Rank 1 is named first."""
+    job = snapshot_job("--load-on-rank-0-only", epochs=2, name="torchrun-snapshot-rank0-loads")
+    with pytest.raises(ChaosFailure) as failed:
+        runner.check(job, Plan.parse("sigkill@9"))
+    failures = failed.value.verdict.failures
+    assert failures[0].startswith("rank 1: loss diverged at step 8 (attempt 1, the first step after resuming"), failures
+    assert "before rank 0 did (step 9)" in failures[0] and "rank 0 alone" in failures[0], failures[0]
+    assert any(f.startswith("loss diverged at step 9") for f in failures[1:]), failures

@@ -151,6 +151,12 @@ class JobSpec:
         return KINDS[self.launcher]
 
     @property
+    def kuberay_notice(self) -> bool:
+        """Whether a notice reaches its Ray Train nodes as KubeRay's does: SIGTERM to each node's own
+        ``ray start``, which drains for its own timeout, instead of the GCS draining them."""
+        return self.notice == "kuberay"
+
+    @property
     def ray_backend(self) -> bool:
         """Whether the Ray backend starts its processes on the session's Ray cluster's nodes."""
         return self.backend == "ray"

@@ -195,6 +195,25 @@ class LogEventReader:
         events.append(new_event("step", step=step, loss=loss.hex(), printed=loss_text))
         return events
 
+    def rank_steps(self, rank: int, lines: list[str]) -> list[Event]:
+        """Another rank's printed steps, counted as rank 0's are (after the uninterrupted run has
+        taught the convention): each rank's own trajectory for the rank verdict. A line that does
+        not parse is left out: rank 0's lines are the ones checked strictly."""
+        events: list[Event] = []
+        for line in lines:
+            found = self._regex.search(line)
+            if found is None:
+                continue
+            try:
+                printed, loss = int(found.group("step")), float(found.group("loss"))
+            except (TypeError, ValueError):
+                continue
+            if not events:
+                events.append(new_event("start", schema=1, source="log", rank=rank))
+            step = printed - self.convention.first_step
+            events.append(new_event("step", step=step, loss=loss.hex(), printed=found.group("loss"), rank=rank))
+        return events
+
     def _phase_event(self, name: str, state: str) -> Event:
         if state == "begin":
             self._in_phase = name

@@ -269,6 +269,9 @@ class AttemptRun:
         learned = None
         if isinstance(reader, LogEventReader) and reader.learning and watch.exit_code == 0:
             learned = reader.learn()  # the uninterrupted run: how the script counts its steps
+        if isinstance(reader, LogEventReader) and job.kind.local_ranks:  # a script printing on every rank
+            for rank, lines in sorted(torchrun.other_ranks_lines(spec, job, job.log.stream).items()):
+                reader.events.extend(reader.rank_steps(rank, lines))
         if reader.torn_tail and watch.fault is None:
             raise JobError(
                 f"job {job.name!r} left an unfinished event line in {self.events_path.name}: "

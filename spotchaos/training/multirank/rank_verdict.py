@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..trajectory import RunRecord
-from ..verdict import Verdict, find_divergence
+from ..verdict import Divergence, Verdict, find_divergence
 
 BUCKET_ORDER_HINT = (
     "; hint: the losses matched, or drifted in their last bits only, and the weights' last bits differ: from 3 "
@@ -29,6 +29,16 @@ PER_RANK_HINT = (
     "rank 0 matched, so what each rank keeps for itself was not restored per rank: its RNG stream (dropout) or "
     "its data position restored from rank 0, or not saved at all?"
 )
+BEFORE_RANK0 = "before rank 0 did"  # a rank whose state differed first: its failure goes first
+
+
+def _before_rank0_hint(rank: int, rank0_step: int) -> str:
+    return (
+        f"; rank {rank} left the reference {BEFORE_RANK0} (step {rank0_step}), so after the resume its own state "
+        "differed from the uninterrupted run's while rank 0's did not: did every rank load the checkpoint (not "
+        "rank 0 alone: DDP copies rank 0's weights to the others only when it is built), and restore its own "
+        "data position and RNG stream?"
+    )
 
 
 def add_rank_verdicts(verdict: Verdict, reference: RunRecord, chaos: RunRecord, torn: list[str]) -> None:
@@ -38,7 +48,7 @@ def add_rank_verdicts(verdict: Verdict, reference: RunRecord, chaos: RunRecord, 
     failures = [*torn, *judge_ranks(reference, chaos)]
     # a specific diagnosis (a checkpoint published too early, one rank's RNG state on every rank)
     # is the most likely cause: it goes first, before rank 0's own failure and its generic hint
-    first = [*torn, *(f for f in failures if SHARED_RNG in f)]
+    first = [*torn, *(f for f in failures if SHARED_RNG in f or BEFORE_RANK0 in f)]
     verdict.failures = [*first, *verdict.failures, *(f for f in failures if f not in first)]
     verdict.passed = verdict.passed and not failures
     for note in optimizer_untested(reference, chaos):  # a pass that proves less than it seems: said
@@ -89,11 +99,11 @@ def judge_ranks(reference: RunRecord, chaos: RunRecord, *, trajectories: bool = 
     reference to be compared with, but what was restored and which samples were seen still do."""
     failures: list[str] = []
     if trajectories:
-        rank0_diverged = find_divergence(rank_view(reference, 0), rank_view(chaos, 0)) is not None
+        rank0 = find_divergence(rank_view(reference, 0), rank_view(chaos, 0))
         for rank in ranks_of(reference):
             if rank == 0:
                 continue
-            failures += _judge_rank(reference, chaos, rank, rank0_diverged)
+            failures += _judge_rank(reference, chaos, rank, rank0)
         failures += shared_rng(reference, chaos)
     failures += restored_differences(chaos)
     failures += sample_coverage(chaos)
@@ -129,14 +139,27 @@ def shared_rng(reference: RunRecord, chaos: RunRecord) -> list[str]:
     return []
 
 
-def _judge_rank(reference: RunRecord, chaos: RunRecord, rank: int, rank0_diverged: bool) -> list[str]:
+def _judge_rank(reference: RunRecord, chaos: RunRecord, rank: int, rank0: Divergence | None) -> list[str]:
+    """Rank ``rank``'s trajectory, steps and final weights against the reference's same rank;
+    ``rank0``: where rank 0's own left the reference (None: it did not), which says what a
+    divergence of this rank's points to."""
     ref, got = rank_view(reference, rank), rank_view(chaos, rank)
     failures = []
     divergence = find_divergence(ref, got)
     if divergence is not None:
         text = f"rank {rank}: {divergence.describe()}"
-        if not rank0_diverged and divergence.attempt > 0:
+        if rank0 is None and divergence.attempt > 0:
             text += f"; {PER_RANK_HINT}"
+        elif (
+            rank0 is not None
+            and divergence.attempt > 0
+            and (divergence.attempt, divergence.step)
+            < (
+                rank0.attempt,
+                rank0.step,
+            )
+        ):
+            text += _before_rank0_hint(rank, rank0.step)
         failures.append(text)
     missing = sorted({s.step for s in ref.steps} - {s.step for s in got.steps})
     if missing:

@@ -153,7 +153,7 @@ class RayTrainHandle(RankedHandle):
         """The window a notice gives: the grace window, which the drain's deadline is; under
         ``notice = "kuberay"`` the nodes' own drain timeout (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S),
         which is what a reclaimed KubeRay pod's ``ray start`` drains for, whatever the cloud gives."""
-        if self.job.notice == "kuberay":
+        if self.job.kuberay_notice:
             return float(self.cluster.drain_timeout)
         return float(self.job.grace_seconds or 30.0)
 
@@ -167,13 +167,11 @@ class RayTrainHandle(RankedHandle):
             hosting.setdefault(node.node_id, (node, []))[1].append(rank)
         notes = []
         for node, on_it in hosting.values():
-            if self.job.notice == "kuberay":
-                answer = self.cluster.terminate_node(node)
-            else:
-                answer = self.cluster.drain(node, grace)
+            kuberay = self.job.kuberay_notice
+            answer = self.cluster.terminate_node(node) if kuberay else self.cluster.drain(node, grace)
             self.drained.append(node)
             notes.append(f"Ray node {node.name} (rank {', '.join(map(str, on_it))}) drained: {answer}")
-        how = "KubeRay's drain timeout" if self.job.notice == "kuberay" else "preemption"
+        how = "KubeRay's drain timeout" if self.job.kuberay_notice else "preemption"
         self.delivery_note = f"{'; '.join(notes)}; deadline in {grace:g} s ({how})"
 
     def reclaim(self) -> None:

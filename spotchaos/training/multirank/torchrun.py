@@ -31,7 +31,7 @@ from ...errors import JobError
 from ...host.ports import bind_error, free_port
 from ...host.processes import carrying, descendants, end
 from ...host.warm import torchrun_ranks
-from ...safety.safefs import log_tail, open_beneath
+from ...safety.safefs import UnsafeFile, log_tail, open_beneath
 from ..engine.hold import ENV_HOLD_PATTERN
 from ..engine.options import CRASHPOINT_DIR
 from ..events import LineReader
@@ -182,6 +182,41 @@ class RankLogLines(LineReader):
         return [*earlier, *super().read_lines()]
 
 
+RANK_LOG_LIMIT = 16 << 20  # the bytes of one rank's log of one attempt read for its steps
+
+
+def node_log_dir(spec: LaunchSpec, node: int) -> Path:
+    """Node ``node``'s torchrun log folder (node 0's is :func:`log_dir`)."""
+    base = log_dir(spec)
+    return base.with_name(base.name + (f".node{node}" if node else ""))
+
+
+def other_ranks_lines(spec: LaunchSpec, job: JobSpec, stream: str) -> dict[int, list[str]]:
+    """Every rank but 0's printed lines, from the logs torchrun kept of this launch (``--tee``,
+    ``--log-dir``), each of its own restarts in order: what a script printing on every rank shows
+    of each rank's trajectory. A rank's global number is its node's times ``nproc_per_node`` plus
+    its local one (torchrun's folders are local ranks); nothing is followed through a link."""
+    stream = "stderr" if stream == "stderr" else "stdout"
+    lines: dict[int, list[str]] = {}
+    for node in range(job.nnodes):
+        folder = node_log_dir(spec, node)
+        for run in _folders(folder):
+            attempts = [a for a in _folders(folder / run) if a.startswith("attempt_") and a[8:].isdigit()]
+            for attempt in sorted(attempts, key=lambda a: int(a[8:])):
+                for local in (r for r in _folders(folder / run / attempt) if r.isdigit()):
+                    rank = node * job.nproc_per_node + int(local)
+                    if rank == 0:
+                        continue
+                    try:
+                        fd = open_beneath(folder, f"{run}/{attempt}/{local}/{stream}.log")
+                    except (OSError, UnsafeFile):
+                        continue  # no log, or one that is not a plain file: the rank is not judged on it
+                    with os.fdopen(fd, "rb") as log:
+                        text = log.read(RANK_LOG_LIMIT).decode("utf-8", "replace")
+                    lines.setdefault(rank, []).extend(text.splitlines())
+    return lines
+
+
 def _folders(path: Path) -> list[str]:
     """The folders directly in ``path``, links left out."""
     try:
@@ -271,7 +306,7 @@ class TorchrunHandle(RankedHandle):
         env = {**spec.env, **loopback_environment(), ENV_NODE: f"{self.run_id}:{node}"}
         logs = None
         if self.job.log is not None:  # each rank's output kept in torchrun's log folder, and teed to the agent's
-            logs = log_dir(spec).with_name(log_dir(spec).name + (f".node{node}" if node else ""))
+            logs = node_log_dir(spec, node)
             env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
         meeting = Rendezvous(self.port, self.run_id)
         argv = agent_argv(self.job, spec.argv, node=node, rendezvous=meeting, forked=self.forked, log_dir=logs)
