@@ -128,6 +128,7 @@ def test_a_lightning_job_rolled_back_to_last_ckpt_is_not_a_latent_failure_of_its
     assert any(a.of_kind("rollback") for a in run.attempts)
 
 
+@pytest.mark.full  # the main job's search on lightning runs its plans from the reference's copies
 def test_a_lightning_job_takes_prefixes_though_its_checkpoints_name_the_references_files(runner):
     """Every Lightning checkpoint names the reference's folder in ModelCheckpoint's bookkeeping
     (best_model_path, last_model_path), which Lightning never follows from another folder: the job

@@ -21,6 +21,7 @@ def k8s_job(exit_status: int, **table) -> object:
     return trainer_job("reference_trainer", *args, name=f"k8s-exit-{exit_status}", grace_seconds=10, **table)
 
 
+@pytest.mark.full  # the main job: the notice scenario on kubernetes-job (scenarios/test_platforms.py); CI: exit 0
 def test_a_kubernetes_job_that_exits_143_after_its_checkpoint_passes(runner):
     run, verdict = runner.run(k8s_job(143, platform="kubernetes-job"), Plan.parse("sigterm@6"))
     assert verdict.passed, verdict.failures
@@ -81,6 +82,7 @@ def slurm_job(name: str, *args: str, platform: str = "slurm-requeue", signal: st
     )
 
 
+@pytest.mark.full  # the main job's Slurm scenario on slurm-requeue (scenarios/test_slurm.py); CI: its broken forms
 def test_a_slurm_job_that_checkpoints_and_requeues_on_the_warning_resumes_bit_exact(runner):
     """Slurm's warning (USR1, as Lightning's SLURMEnvironment listens), SIGTERM after its lead,
     SIGKILL after KillWait: the job checkpoints, asks `scontrol requeue $SLURM_JOB_ID` and runs again."""
