@@ -74,6 +74,35 @@ def test_rank_0s_log_is_read_from_torchruns_newest_attempt_and_never_through_a_l
     assert reader.read_lines() == []
 
 
+@pytest.mark.unit
+def test_every_other_ranks_lines_are_read_node_by_node_each_restart_in_order_never_through_a_link(tmp_path):
+    from types import SimpleNamespace
+
+    from spotchaos.config.jobs import JobSpec
+    from spotchaos.training.multirank.torchrun import other_ranks_lines
+
+    spec = SimpleNamespace(stdout_path=tmp_path / "stdout.log")
+    job = JobSpec(name="j", command=("python", "t.py"), launcher="torchrun", nproc_per_node=2, nnodes=2)
+
+    def log(folder: str, attempt: int, local: int, text: bytes) -> None:
+        where = tmp_path / folder / "run_x" / f"attempt_{attempt}" / str(local)
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "stdout.log").write_bytes(text)
+
+    log("torchrun-logs", 0, 0, b"step 0 loss 1\n")  # rank 0: read as it runs, never here
+    log("torchrun-logs", 0, 1, b"step 0 loss 2\nstep 1 loss 3\nstep 2 lo")  # killed mid-line
+    log("torchrun-logs", 10, 1, b"step 2 loss 4\n")  # torchrun's restart 10 comes after restart 2
+    log("torchrun-logs", 2, 1, b"step 1 loss 3\n")
+    log("torchrun-logs.node1", 0, 0, b"step 0 loss 5\n")  # node 1's local rank 0 is rank 2
+    log("torchrun-logs.node1", 0, 1, b"")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "stdout.log").write_bytes(b"step 9 loss 9\n")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "torchrun-logs.node1" / "run_x" / "attempt_1")
+    lines = other_ranks_lines(spec, job, "stdout")
+    assert lines[1] == ["step 0 loss 2", "step 1 loss 3", "step 1 loss 3", "step 2 loss 4"]
+    assert lines == {1: lines[1], 2: ["step 0 loss 5"], 3: []}
+
+
 def test_agents_whose_rendezvous_port_was_taken_first_start_again_on_another(runner, monkeypatch):
     """The harness picks a free port and torchrun's agent binds it seconds later; another process
     may take it between (the main job's torchrun-snapshot reference failed so, EADDRINUSE). The

@@ -213,7 +213,8 @@ def other_ranks_lines(spec: LaunchSpec, job: JobSpec, stream: str) -> dict[int, 
                         continue  # no log, or one that is not a plain file: the rank is not judged on it
                     with os.fdopen(fd, "rb") as log:
                         text = log.read(RANK_LOG_LIMIT).decode("utf-8", "replace")
-                    lines.setdefault(rank, []).extend(text.splitlines())
+                    # a line not ended when the rank died is no step yet, as rank 0's own unfinished line
+                    lines.setdefault(rank, []).extend(text.split("\n")[:-1])
     return lines
 
 
