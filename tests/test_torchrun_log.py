@@ -7,6 +7,7 @@ bookkeeping, which stores the epoch it just finished as the epochs run."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,41 @@ def test_a_rank_that_never_loads_the_snapshot_is_named_from_its_own_log(runner):
     assert failures[0].startswith("rank 1: loss diverged at step 8 (attempt 1, the first step after resuming"), failures
     assert "before rank 0 did (step 9)" in failures[0] and "rank 0 alone" in failures[0], failures[0]
     assert any(f.startswith("loss diverged at step 9") for f in failures[1:]), failures
+
+
+@pytest.mark.unit
+def test_an_unmodified_scripts_ranks_are_found_by_the_rank_torchrun_gave_them_not_their_workers(tmp_path):
+    """A script read through the log adapter reports no start event: a rank fault finds its rank
+    among the run's processes by the ``RANK`` in its environment, never a DataLoader worker (a
+    child holding the same ``RANK``), and a process without the run's marker is no rank at all."""
+    import subprocess
+    import sys
+
+    from spotchaos.config.jobs import JobSpec
+    from spotchaos.config.logspec import LogSpec
+    from spotchaos.host.processes import descendants, end
+    from spotchaos.training.multirank.ranked import RankedHandle
+
+    class Ranks(RankedHandle):
+        def lose_node(self, index: int) -> None: ...
+
+        def drain_node(self, index: int) -> None: ...
+
+    job = JobSpec(name="j", command=("python", "t.py"), launcher="torchrun", nproc_per_node=2, log=LogSpec())
+    handle = Ranks(job, "r" * 12)
+    sleep = "import time; time.sleep(60)"
+    worker = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {sleep!r}]); {sleep}"
+    started = []
+    try:
+        for rank, marker in (("0", handle.marker), ("1", handle.marker), ("1", "SPOTCHAOS_RUN_ID=another")):
+            env = {"PATH": "/usr/bin:/bin", "RANK": rank, marker.split("=")[0]: marker.split("=")[1]}
+            started.append(subprocess.Popen([sys.executable, "-c", worker], env=env))
+        deadline = time.monotonic() + 20  # each with its worker started, newer than the rank itself
+        while any(len(descendants(p.pid)) < 2 for p in started) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert handle.ranks_alive()
+        assert {rank: p.pid for rank, p in handle.ranks.items()} == {0: started[0].pid, 1: started[1].pid}
+    finally:
+        end([pid for process in started for pid in descendants(process.pid)])  # the workers too
+        for process in started:
+            process.wait()

@@ -114,6 +114,23 @@ def carries(pid: int, marker: str) -> bool:
     return marker.encode() in environ.split(b"\0")
 
 
+def environment_value(pid: int, name: str) -> str | None:
+    """The value ``pid`` started with for the variable ``name`` (None: unset, or the process gone)."""
+    try:
+        environ = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    found = next((item for item in environ.split(b"\0") if item.startswith(prefix)), None)
+    return None if found is None else found[len(prefix) :].decode("utf-8", "replace")
+
+
+def parent_of(pid: int) -> int | None:
+    """``pid``'s parent (None: gone)."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None and len(fields) > 1 else None
+
+
 def carrying(marker: str) -> list[int]:
     """Live processes (not this one) of this user whose environment holds ``marker`` (``NAME=value``)."""
     if not PROC.is_dir():

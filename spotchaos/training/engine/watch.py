@@ -30,6 +30,9 @@ POLL_SECONDS = 0.003
 # worker it kills is dead, and its death seen by the main process, before the main process goes
 # on (released at once, a fast job's checkpoint and exit raced the workers' deaths)
 GROUP_SETTLE_SECONDS = 0.5
+# how long a fault of an unmodified script's other rank waits for that rank's hold after rank 0's
+# line of the planned step: in step with rank 0, it prints its own line about then
+OTHER_RANK_HOLD_SECONDS = 5.0
 
 
 def _lead(job: JobSpec) -> float:
@@ -118,7 +121,8 @@ class AttemptWatch:
         self.last_event_at = now
         # the held rank's steps time the plan's fault (rank 0's when none is held): delivered as it
         # holds, never while it runs on, released by a fault that came first for another rank's step
-        timing = self.hold.rank if self.hold is not None else 0
+        # an unmodified script's other ranks are read once the attempt is over: rank 0's lines time it
+        timing = self.hold.rank if self.hold is not None and self.job.log is None else 0
         for event in new:
             rank = event.get("rank", 0)
             if event["event"] == "step" and self.first_step_at is None:
@@ -167,6 +171,8 @@ class AttemptWatch:
             return  # placed a time after the step: the job runs on meanwhile
         if traits(p.fault).reruns:
             return  # the job runs to its end; run_job starts it again
+        if self._other_rank_not_held_yet(now):
+            return
         if self.preempt_when is not None and not self.preempt_when():
             return
         if isinstance(self.reader, LogEventReader):  # the checkpoints on disk now came before the fault
@@ -202,6 +208,15 @@ class AttemptWatch:
                 lag = max(lag, GROUP_SETTLE_SECONDS)
             self.release_by = now + min(lag, float(self.job.grace_seconds or 30.0) / 2)
             self._maybe_release(now)
+
+    def _other_rank_not_held_yet(self, now: float) -> bool:
+        """An unmodified script's rank other than 0 is held by the hook at its own line of the
+        planned step, read by no one live: its fault waits for the hold's announcement, at most
+        OTHER_RANK_HOLD_SECONDS after rank 0's line (a rank that prints nothing is never held)."""
+        hold = self.hold
+        if hold is None or self.job.log is None or hold.rank == 0 or hold.poll() is not None:
+            return False
+        return now - (self.planned_step_at or now) < OTHER_RANK_HOLD_SECONDS
 
     def _inside(self, p: Preemption) -> str | None:
         """Where a fault placed inside something landed, in words (None: between steps, as planned)."""

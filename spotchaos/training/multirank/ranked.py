@@ -20,7 +20,16 @@ from dataclasses import dataclass
 from ...backends.base import Handle
 from ...config.jobs import JobSpec
 from ...errors import BackendError, JobError
-from ...host.processes import PROC, Delivery, carrying, end, start_time
+from ...host.processes import (
+    PROC,
+    Delivery,
+    carrying,
+    end,
+    environment_value,
+    is_running,
+    parent_of,
+    start_time,
+)
 from ...probe import ENV_RUN_ID
 
 
@@ -66,12 +75,28 @@ class RankedHandle(Handle, abc.ABC):
         if process is not None and step is not None:
             process.last_step = step  # the rank behind the others is the hung one
 
+    def _ranks_from_environment(self) -> None:
+        """A script read through the log adapter reports no start event: its ranks are the run's
+        processes whose environment holds the ``RANK`` torchrun gave them, the newest of each (not
+        a DataLoader worker, whose parent holds the same ``RANK``)."""
+        if self.job.log is None:
+            return
+        for pid in carrying(self.marker):
+            rank, parent = environment_value(pid, "RANK"), parent_of(pid)
+            if rank is None or not rank.isdigit() or (parent is not None and environment_value(parent, "RANK") == rank):
+                continue
+            known, started = self.ranks.get(int(rank)), start_time(pid)
+            if known is None or not is_running(known.pid, known.started) or (started or 0) > (known.started or 0):
+                self.ranks[int(rank)] = RankProcess(int(rank), pid, started)
+
     def ranks_alive(self) -> bool:
         """Whether any rank it knows still runs: none while the agent restarts the group (its new
         ranks have not said who they are yet), when a hang is no rank's to name."""
+        self._ranks_from_environment()
         return any(start_time(p.pid) == p.started for p in self.ranks.values())
 
     def _live_rank(self, rank: int) -> RankProcess:
+        self._ranks_from_environment()
         process = self.ranks.get(rank)
         if process is None or start_time(process.pid) != process.started:
             known = ", ".join(str(r) for r in sorted(self.ranks)) or "none"
@@ -103,6 +128,7 @@ class RankedHandle(Handle, abc.ABC):
 
     def describe_hang(self) -> str:
         """Which rank hangs: a stopped one, else one behind the others, else every rank waiting."""
+        self._ranks_from_environment()
         states = {rank: _state(p.pid) for rank, p in sorted(self.ranks.items()) if start_time(p.pid) == p.started}
         stopped = [rank for rank, state in states.items() if state in ("T", "t")]
         if stopped:
