@@ -298,9 +298,9 @@ def test_an_exploration_runs_each_plan_once_and_never_a_fresh_restart_only(runne
     ran: list[str] = []
     original = runner.run
 
-    def counted(job, planned, **how):
+    def counted(job, planned, *how):
         ran.append(str(planned))
-        return original(job, planned, **how)
+        return original(job, planned, *how)
 
     runner.run = counted
     try:

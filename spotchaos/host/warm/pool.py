@@ -44,7 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from ..leftovers import MARKER_VARIABLE, LiveJobs
-from ..processes import Delivery, group_members, is_running, kill_group_until_gone, own_leaders, signal_tree, start_time
+from ..processes import (
+    Delivery,
+    carries,
+    group_members,
+    is_running,
+    kill_group_until_gone,
+    own_leaders,
+    signal_tree,
+    start_time,
+)
 
 ZYGOTE_FILE = Path(__file__).with_name("zygote.py")
 READY_TIMEOUT_SECONDS = 300.0  # importing torch on a loaded 2-core machine takes tens of seconds
@@ -66,6 +75,18 @@ MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 class ColdStart(Exception):
     """Why an attempt starts cold; its message goes on the report."""
+
+
+MARKER_WAIT_SECONDS = 10.0
+
+
+def _until_it_carries_its_marker(pid: int, marker: str) -> None:
+    """A forked attempt writes its run's marker over the warm interpreter's in its own environment
+    a moment after the fork (zygote.py). Until then a reaper or a sweep would take it for the
+    interpreter's, or for no run's: the caller registers it as its run's only once it is."""
+    deadline = time.monotonic() + MARKER_WAIT_SECONDS
+    while not carries(pid, marker) and start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 @dataclass(frozen=True)
@@ -353,6 +374,7 @@ class WarmStarts:
                     del self._zygotes[launch.key]
             zygote.close()
             raise
+        _until_it_carries_its_marker(pid, f"{MARKER_VARIABLE}={env[MARKER_VARIABLE]}")
         return WarmHandle(pid, status)
 
     def _zygote(self, launch: _Launch, start_env: Mapping[str, str], preload: tuple[str, ...]) -> _Zygote:
