@@ -107,21 +107,21 @@ def is_mine(pid: int) -> bool:
 def carries(pid: int, marker: str) -> bool:
     """Whether ``pid``'s environment holds ``marker`` (``NAME=value``). The environment is readable
     by its owner only, so a run's random marker there proves the process is that run's."""
+    return marker.encode() in _environ(pid)
+
+
+def _environ(pid: int) -> list[bytes]:
+    """``pid``'s environment as it started, ``NAME=value`` items (none: gone or unreadable)."""
     try:
-        environ = (PROC / str(pid) / "environ").read_bytes()
+        return (PROC / str(pid) / "environ").read_bytes().split(b"\0")
     except OSError:
-        return False
-    return marker.encode() in environ.split(b"\0")
+        return []
 
 
 def environment_value(pid: int, name: str) -> str | None:
     """The value ``pid`` started with for the variable ``name`` (None: unset, or the process gone)."""
-    try:
-        environ = (PROC / str(pid) / "environ").read_bytes()
-    except OSError:
-        return None
     prefix = name.encode() + b"="
-    found = next((item for item in environ.split(b"\0") if item.startswith(prefix)), None)
+    found = next((item for item in _environ(pid) if item.startswith(prefix)), None)
     return None if found is None else found[len(prefix) :].decode("utf-8", "replace")
 
 

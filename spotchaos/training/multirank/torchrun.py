@@ -160,10 +160,8 @@ class RankLogLines(LineReader):
     def _newest(self) -> str | None:
         found: list[tuple[int, str]] = []
         for run in _folders(self.folder):
-            for attempt in _folders(self.folder / run):
-                number = attempt.removeprefix("attempt_")
-                if attempt.startswith("attempt_") and number.isdigit():
-                    found.append((int(number), f"{run}/{attempt}/0/{self.stream}.log"))
+            for number, attempt in _attempts(self.folder / run):
+                found.append((number, f"{run}/{attempt}/0/{self.stream}.log"))
         return max(found)[1] if found else None
 
     def _open(self) -> int:
@@ -201,8 +199,7 @@ def other_ranks_lines(spec: LaunchSpec, job: JobSpec, stream: str) -> dict[int, 
     for node in range(job.nnodes):
         folder = node_log_dir(spec, node)
         for run in _folders(folder):
-            attempts = [a for a in _folders(folder / run) if a.startswith("attempt_") and a[8:].isdigit()]
-            for attempt in sorted(attempts, key=lambda a: int(a[8:])):
+            for _, attempt in _attempts(folder / run):
                 for local in (r for r in _folders(folder / run / attempt) if r.isdigit()):
                     rank = node * job.nproc_per_node + int(local)
                     if rank == 0:
@@ -216,6 +213,11 @@ def other_ranks_lines(spec: LaunchSpec, job: JobSpec, stream: str) -> dict[int, 
                     # a line not ended when the rank died is no step yet, as rank 0's own unfinished line
                     lines.setdefault(rank, []).extend(text.split("\n")[:-1])
     return lines
+
+
+def _attempts(run: Path) -> list[tuple[int, str]]:
+    """torchrun's restarts of one run's worker group, ``attempt_<n>`` folders, in order of n."""
+    return sorted((int(a[8:]), a) for a in _folders(run) if a.startswith("attempt_") and a[8:].isdigit())
 
 
 def _folders(path: Path) -> list[str]:
