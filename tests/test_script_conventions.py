@@ -14,7 +14,7 @@ from hypothesis.errors import FlakyFailure
 
 from spotchaos.config.jobs import job_from_mapping, load_settings
 from spotchaos.config.logspec import DEFAULT_PATTERN, LogSpec
-from spotchaos.errors import ConfigError
+from spotchaos.errors import ConfigError, JobError
 from spotchaos.faults.plan import Plan
 from spotchaos.search import explore
 from spotchaos.session import ChaosFailure, ExploreSettings
@@ -266,3 +266,19 @@ def test_an_unmodified_script_can_be_audited_for_determinism(runner):
     """Its repeated uninterrupted runs count steps the way the first one taught, and agree."""
     found = runner.audit(plain_job("plain_train", steps=12, determinism_runs=2))
     assert found.reproducible, found.text()
+
+
+@pytest.mark.unit
+def test_another_ranks_line_that_does_not_parse_is_left_out_where_rank_0s_is_an_error(tmp_path):
+    """One parse serves rank 0's lines and the other ranks' (read from torchrun's per-rank logs after
+    the attempt): rank 0's unparsable line ends the run with the group named; another rank's is
+    skipped, and its good lines are counted as rank 0's are."""
+    pattern = r"step (?P<step>\S+) loss (?P<loss>\S+)"
+    good = ["step 0 loss 2.5", "step 1 loss 2.25"]
+    reader = _reader(tmp_path / "a", good, pattern=pattern)
+    steps = reader.rank_steps(1, ["step x loss 2.0", "step 0 loss 2.5", f"step {2**53} loss 1.0", "step 1 loss nan?"])
+    assert [(e["event"], e.get("step"), e["rank"]) for e in steps] == [("start", None, 1), ("step", 0, 1)], steps
+    with pytest.raises(JobError, match=r"its step group 'x' is not an integer"):
+        _reader(tmp_path / "b", ["step x loss 2.0"], pattern=pattern)
+    with pytest.raises(JobError, match=r"its loss group 'nan\?' does not parse as a number"):
+        _reader(tmp_path / "c", ["step 1 loss nan?"], pattern=pattern)

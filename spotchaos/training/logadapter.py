@@ -160,6 +160,26 @@ class LogEventReader:
         found = self._regex.search(line)
         if found is None:
             return []
+        printed, loss = self._step_and_loss(line, found)
+        loss_text = found.group("loss")
+        if self.learning:
+            self._check_line(line, found, printed)
+        events = []
+        if not self._started:
+            self._started = True
+            events.append(new_event("start", schema=1, source="log"))
+        if math.isfinite(loss):
+            digits = significant_digits(loss_text)
+            self.digits = digits if self.digits is None else min(self.digits, digits)
+        events.extend(self._phase_over())  # a printed phase ends where the next step's line comes
+        step = printed - self.convention.first_step
+        self._last_step = step
+        events.append(new_event("step", step=step, loss=loss.hex(), printed=loss_text))
+        return events
+
+    def _step_and_loss(self, line: str, found: Any) -> tuple[int, float]:
+        """The step and loss a matched line prints; a :class:`JobError` naming the group that does
+        not parse (rank 0's lines are held to it; another rank's line that fails it is left out)."""
         step_text, loss_text = found.group("step"), found.group("loss")
         try:
             printed = int(step_text)
@@ -180,20 +200,7 @@ class LogEventReader:
                 f"job {self.job!r}: {self.spec.where}.pattern matched {line.strip()!r} but its loss group "
                 f"{loss_text!r} does not parse as a number"
             ) from None
-        if self.learning:
-            self._check_line(line, found, printed)
-        events = []
-        if not self._started:
-            self._started = True
-            events.append(new_event("start", schema=1, source="log"))
-        if math.isfinite(loss):
-            digits = significant_digits(loss_text)
-            self.digits = digits if self.digits is None else min(self.digits, digits)
-        events.extend(self._phase_over())  # a printed phase ends where the next step's line comes
-        step = printed - self.convention.first_step
-        self._last_step = step
-        events.append(new_event("step", step=step, loss=loss.hex(), printed=loss_text))
-        return events
+        return printed, loss
 
     def rank_steps(self, rank: int, lines: list[str]) -> list[Event]:
         """Another rank's printed steps, counted as rank 0's are (after the uninterrupted run has
@@ -205,8 +212,8 @@ class LogEventReader:
             if found is None:
                 continue
             try:
-                printed, loss = int(found.group("step")), float(found.group("loss"))
-            except (TypeError, ValueError):
+                printed, loss = self._step_and_loss(line, found)
+            except JobError:
                 continue
             if not events:
                 events.append(new_event("start", schema=1, source="log", rank=rank))
