@@ -21,7 +21,7 @@ from ..faults.checkpoint import Damage
 from .continuity import continuity_failures
 from .determinism import HINT, Envelope
 from .engine.landing import untested
-from .trajectory import Attempt, RunRecord, StepRecord
+from .trajectory import Attempt, FaultRecord, RunRecord, StepRecord
 
 EXIT_0 = ExitExpectation()  # the contract's default: exit 0 after a notice's checkpoint
 
@@ -326,9 +326,19 @@ def _phase_grace(g: GraceResult, attempt: Attempt, signal: str) -> str | None:
 
 
 def _grace_failure(g: GraceResult, attempt: Attempt, exit_after: ExitExpectation) -> str:
+    """Why the notice's checkpoint is missing, from the first evidence that explains it: the
+    launcher killed the ranks, the window ran out, or the job exited (or lost its nodes) without it."""
     signal = f"{g.fault} after step {g.signal_step} (attempt {g.attempt})"
+    if attempt.launcher_killed:
+        return _killed_by_launcher(g, attempt, signal)
+    if attempt.fault is not None and attempt.fault.grace_exceeded:
+        return _window_exceeded(g, attempt, attempt.fault, signal)
+    return _no_checkpoint(g, attempt, exit_after, signal)
+
+
+def _killed_by_launcher(g: GraceResult, attempt: Attempt, signal: str) -> str:
     after = attempt.launcher_shutdown_seconds
-    if attempt.launcher_killed and g.grace_seconds > after:
+    if g.grace_seconds > after:
         trap = "the 30-second trap: " if after == 30 else ""
         return (
             f"{trap}torchrun's agent SIGKILLed the ranks {after:g} s after forwarding {signal}, before their "
@@ -337,37 +347,41 @@ def _grace_failure(g: GraceResult, attempt: Attempt, exit_after: ExitExpectation
             "(torch 2.11 and later; the job's shutdown_timeout_seconds here) or finish the checkpoint within it "
             "(save less on notice, or checkpoint more often so the notice only finishes a step)"
         )
-    if attempt.launcher_killed:
+    return (
+        f"torchrun's agent SIGKILLed the ranks {after:g} s after forwarding {signal}, before their emergency "
+        f"checkpoint was durable: under torchrun it must finish within the agent's --shutdown-timeout ({after:g} s)"
+    )
+
+
+def _window_exceeded(g: GraceResult, attempt: Attempt, fault: FaultRecord, signal: str) -> str:
+    if provider := traits(g.fault).metadata:  # posted on the instance metadata, no signal sent
         return (
-            f"torchrun's agent SIGKILLed the ranks {after:g} s after forwarding {signal}, before their emergency "
-            f"checkpoint was durable: under torchrun it must finish within the agent's --shutdown-timeout ({after:g} s)"
+            f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, a reclaim "
+            f"notice posted on {provider}'s instance metadata with no SIGTERM, so it was SIGKILLed; "
+            f"{fault.detail or 'the metadata was not read'}: poll the metadata for the notice "
+            "(on this cloud no signal may come before the kill)"
         )
-    if attempt.fault is not None and attempt.fault.grace_exceeded:
-        if provider := traits(g.fault).metadata:  # posted on the instance metadata, no signal sent
-            return (
-                f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, a reclaim "
-                f"notice posted on {provider}'s instance metadata with no SIGTERM, so it was SIGKILLed; "
-                f"{attempt.fault.detail or 'the metadata was not read'}: poll the metadata for the notice "
-                "(on this cloud no signal may come before the kill)"
-            )
-        if attempt.fault.detail and not attempt.of_kind("notice"):
-            return (
-                f"the signal never reached the trainer: {signal} was not answered within {g.grace_seconds:g} s "
-                f"and the trainer reported no notice; {attempt.fault.detail}"
-            )
-        if (in_phase := _phase_grace(g, attempt, signal)) is not None:
-            return in_phase
-        if attempt.of_kind("notice"):
-            return (
-                f"grace window exceeded: the trainer received the notice but did not exit within "
-                f"{g.grace_seconds:g} s of {signal}, so it was SIGKILLed — is its checkpoint too slow for the window?"
-            )
-        said = next((e.get("text") for e in attempt.of_kind("caveat") if e.get("about") == "sigterm"), None)
+    if fault.detail and not attempt.of_kind("notice"):
         return (
-            f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, so it "
-            "was SIGKILLed — "
-            + (f"cause: {said}" if said else "does the trainer handle SIGTERM (checkpoint, then exit 0)?")
+            f"the signal never reached the trainer: {signal} was not answered within {g.grace_seconds:g} s "
+            f"and the trainer reported no notice; {fault.detail}"
         )
+    if (in_phase := _phase_grace(g, attempt, signal)) is not None:
+        return in_phase
+    if attempt.of_kind("notice"):
+        return (
+            f"grace window exceeded: the trainer received the notice but did not exit within "
+            f"{g.grace_seconds:g} s of {signal}, so it was SIGKILLed — is its checkpoint too slow for the window?"
+        )
+    said = next((e.get("text") for e in attempt.of_kind("caveat") if e.get("about") == "sigterm"), None)
+    return (
+        f"grace window exceeded: the job did not exit within {g.grace_seconds:g} s of {signal}, so it "
+        "was SIGKILLed — "
+        + (f"cause: {said}" if said else "does the trainer handle SIGTERM (checkpoint, then exit 0)?")
+    )
+
+
+def _no_checkpoint(g: GraceResult, attempt: Attempt, exit_after: ExitExpectation, signal: str) -> str:
     newest = [e["step"] for e in attempt.of_kind("checkpoint")]
     if g.exit_code is None:  # the launcher ran on and restarted the group (Ray Train, at the deadline)
         return (

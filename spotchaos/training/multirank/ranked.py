@@ -101,8 +101,9 @@ class RankedHandle(Handle, abc.ABC):
         if process is None or start_time(process.pid) != process.started:
             known = ", ".join(str(r) for r in sorted(self.ranks)) or "none"
             raise JobError(
-                f"job {self.job.name!r}: rank {rank} is not running (ranks that reported a start event: {known}; "
-                f"the job has {self.job.world_size} rank(s))"
+                f"job {self.job.name!r}: rank {rank} is not running (ranks found so far: {known}, by their "
+                f"{'RANK variable' if self.job.log is not None else 'start events'}; the job has "
+                f"{self.job.world_size} rank(s))"
             )
         return process
 
