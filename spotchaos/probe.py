@@ -187,6 +187,7 @@ class StepHold:
         self.folder = folder
         self.seconds = seconds
         self.phase = phase  # a fault planned inside a phase (``sigterm@7/eval``) holds there instead
+        self._announced = False
 
     @classmethod
     def from_env(cls, rank: int = 0, restart: int | None = None) -> StepHold | None:
@@ -203,6 +204,19 @@ class StepHold:
         except ValueError:
             return None
 
+    def announce(self, step: int) -> None:
+        """Say the job holds after ``step`` before the step's event (or line) is written, when it
+        will: the harness delivers the fault on reading the event, so the announcement is already
+        there to read and the record says the fault landed on a held job (written after the event,
+        a kill in between left a job that held recorded as one that did not)."""
+        if self.phase is None and self._due(step):
+            self._announced = _announce(self.folder, step)
+
+    def announce_in_phase(self, name: str, step: int | None) -> None:
+        """:meth:`announce` for the start of phase ``name``, before its begin event."""
+        if name == self.phase and step is not None and self._due(step):
+            self._announced = _announce(self.folder, step)
+
     def wait(self, step: int) -> None:
         """Hold after ``step`` if it is the planned one, or the first step after it (a restart that
         resumed past the planned step is preempted at its first); once per process."""
@@ -215,11 +229,15 @@ class StepHold:
         if name == self.phase and step is not None:
             self._hold_once(step)
 
+    def _due(self, step: int) -> bool:
+        return self.at is not None and step >= self.at and not self._announced
+
     def _hold_once(self, step: int) -> None:
         if self.at is None or step < self.at:
             return
         self.at = None
-        _wait_for_release(self.folder, step, self.seconds)
+        if self._announced or _announce(self.folder, step):
+            _wait_for_release(self.folder, self.seconds)
 
 
 class CheckpointHold:
@@ -244,20 +262,30 @@ class CheckpointHold:
             return None
 
     def wait(self, step: int) -> None:
-        _wait_for_release(self.folder, step, self.seconds)
+        if _announce(self.folder, step):
+            _wait_for_release(self.folder, self.seconds)
 
 
-def _wait_for_release(folder: str, step: int, seconds: float) -> None:
-    """Announce ``STEP PID`` on the harness's ``held`` FIFO and wait for a byte on ``release``."""
+def _announce(folder: str, step: int) -> bool:
+    """Write ``STEP PID`` on the harness's ``held`` FIFO; False where it is not the harness's (gone,
+    or never made): then there is nothing to wait for."""
     try:
         announce = os.open(os.path.join(folder, HOLD_HELD), os.O_WRONLY | os.O_NONBLOCK)
         try:
             os.write(announce, f"{step} {os.getpid()}\n".encode())
         finally:
             os.close(announce)
+    except OSError:
+        return False
+    return True
+
+
+def _wait_for_release(folder: str, seconds: float) -> None:
+    """Wait for a byte on the harness's ``release`` FIFO, at most ``seconds``."""
+    try:
         release = os.open(os.path.join(folder, HOLD_RELEASE), os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return  # not the harness's FIFOs (gone, or never made): nothing to wait for
+        return  # not the harness's FIFO (gone): nothing to wait for
     try:
         # a signal's handler (SIGTERM) runs during the wait, which then goes on (PEP 475)
         if select.select([release], [], [], seconds)[0]:
@@ -343,6 +371,8 @@ class Probe:
             fields["seconds"] = float(seconds)
         if fingerprints:
             fields["fp"] = {str(k): _fingerprint_value(v) for k, v in fingerprints.items()}
+        if self._hold is not None:
+            self._hold.announce(int(step))
         self.emit("step", **fields)
         self._last_step = int(step)
         if self._hold is not None:
@@ -359,6 +389,8 @@ class Probe:
             with probe.phase("eval"):
                 evaluate(model)
         """
+        if self._hold is not None:
+            self._hold.announce_in_phase(str(name), self._last_step)
         self.emit("phase", name=str(name), state="begin", step=self._last_step)
         if self._hold is not None:
             self._hold.wait_in_phase(str(name), self._last_step)

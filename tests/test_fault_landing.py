@@ -151,6 +151,39 @@ def test_the_probe_waits_after_the_planned_step_until_released(tmp_path):
         hold.close()
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("where", ["step", "phase"])
+def test_the_hold_is_announced_before_the_event_the_harness_delivers_on(tmp_path, monkeypatch, where):
+    """The harness delivers a fault on reading the planned step's event (or the phase's begin): an
+    announcement written after it raced a SIGKILL, and a job that held was recorded as one that did
+    not (CI, 2026-12-07: a torchrun job's worker, ``held`` false, landed exactly). Announced first,
+    it is there to read whenever the event is."""
+    from spotchaos import probe as probe_module
+
+    hold = Hold(tmp_path / "hold", 7, seconds=0.2, phase="eval" if where == "phase" else None)
+    for name, value in hold.environment().items():
+        monkeypatch.setenv(name, value)
+    job = probe_module.Probe(str(tmp_path / "events.jsonl"))
+    seen: dict[str, int | None] = {}
+    emit = job.emit
+
+    def noting(kind: str, **fields):
+        if kind == where and fields.get("step", fields.get("state")) in (7, "begin"):
+            seen.setdefault(kind, hold.poll())
+        emit(kind, **fields)
+
+    monkeypatch.setattr(job, "emit", noting)
+    try:
+        job.step(6, 1.0)
+        assert hold.poll() is None, "announced a step early"
+        job.step(7, 1.0)  # held for at most 0.2 s: nobody releases it
+        with job.phase("eval"):
+            pass
+        assert seen.get(where) == 7, seen
+    finally:
+        hold.close()
+
+
 def test_a_hold_never_outlasts_its_limit_nor_the_harness(tmp_path):
     hold = Hold(tmp_path / "hold", 7)
     started = time.monotonic()

@@ -293,24 +293,39 @@ class _HeldStream:
         self._partial = ""
         self._phase_line = phase_line  # a fault inside a printed phase: held at the line that begins it
         self._reached = False  # the planned step's line was printed: the phase's next line holds
+        # rank 0's line times the fault; another rank's is read after the attempt, so it announces
+        # its hold only once its line is out (a kill in between would cut the line from its log)
+        self._announce_first = (os.environ.get("RANK") or "0") == "0"
 
     def write(self, text):
+        hold = self._hold_in(text) if self._hold is not None and isinstance(text, str) else None
+        if hold is not None and self._announce_first:
+            # before the line: the harness delivers on reading it, and finds the hold said already
+            if self._phase_line is None:
+                hold.announce(hold.at)
+            else:
+                hold.announce_in_phase(hold.phase, hold.at)
         written = self._stream.write(text)
-        if self._hold is not None and isinstance(text, str) and "\n" in text:
-            lines = (self._partial + text).split("\n")
-            self._partial = lines.pop()[-4096:]
-            for line in lines:
-                if self._holds_after(line):
-                    self._stream.flush()  # the harness must read the line it is held after
-                    hold, self._hold = self._hold, None
-                    if self._phase_line is None:
-                        hold.wait(hold.at)  # the step is the planned one or past it: it waits
-                    else:
-                        hold.wait_in_phase(hold.phase, hold.at)
-                    break
-        elif self._hold is not None and isinstance(text, str):
-            self._partial = (self._partial + text)[-4096:]
+        if hold is not None:
+            self._stream.flush()  # the harness must read the line it is held after
+            if self._phase_line is None:
+                hold.wait(hold.at)  # the step is the planned one or past it: it waits
+            else:
+                hold.wait_in_phase(hold.phase, hold.at)
         return written
+
+    def _hold_in(self, text):
+        """The hold, taken once, when ``text`` ends the line it holds after; None otherwise."""
+        if "\n" not in text:
+            self._partial = (self._partial + text)[-4096:]
+            return None
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()[-4096:]
+        for line in lines:
+            if self._holds_after(line):
+                hold, self._hold = self._hold, None
+                return hold
+        return None
 
     def _holds_after(self, line):
         if self._phase_line is None:
