@@ -89,6 +89,8 @@ def note_run(plan: Plan, run: RunRecord, verdict: Verdict, reference: RunRecord)
         # started from the reference's checkpoint after this step (attempt 0: its steps, credited); None: step 0
         "prefix_step": run.prefix_step,
         "reused": run.reused,  # run by another scenario of this session on the same job: its verdict, not run again
+        # its last attempt is another plan's, which began on the same bytes (training/reference/tails.py); None: its own
+        "tail_of": run.tail_of,
     }
     if run.missed_tries:  # earlier runs of the plan whose crash point never fired: run again (Core.judged)
         summary["missed_tries"] = run.missed_tries
@@ -149,8 +151,12 @@ def _add_run(cost: dict[str, Any], run: RunRecord, reference_steps: int | None) 
     cost["starts"] += len(launched)
     steps = sum(len(a.steps) for a in trained)
     cost["steps"] += steps
-    cost["prefix_steps"] = cost.get("prefix_steps", 0) + len(run.steps) - steps
+    tails = [a for a in run.attempts if a.start_kind == "tail"]  # another plan's last attempt, reused
+    tail_steps = sum(len(a.steps) for a in tails)
+    cost["prefix_steps"] = cost.get("prefix_steps", 0) + len(run.steps) - steps - tail_steps
     cost["prefix_runs"] = cost.get("prefix_runs", 0) + (run.prefix_step is not None)
+    cost["tail_steps"] = cost.get("tail_steps", 0) + tail_steps
+    cost["tail_runs"] = cost.get("tail_runs", 0) + bool(tails)
     cost["reference_steps"] = reference_steps if reference_steps else cost["reference_steps"]
     cost["startup_seconds"] = round(cost["startup_seconds"] + startup, 3)
     warm = [a for a in launched if a.start_kind == "warm"]

@@ -59,11 +59,11 @@ def run_judged(core: Core, job: JobSpec, plan: Plan, allowed: Allowed) -> tuple[
     if allowed.reuse and (ran := shortcuts.reused(job, plan, from_copy_ok=prefix)) is not None:
         return ran
     start = prefixes.start(job, plan, core.reference(job)) if prefix else None
-    fast = core.judged(runs_as, plan, start)
+    fast = core.judged(runs_as, plan, start, tails=prefix)
     if not fast.verdict.passed and core.references.stale(job, shortcuts.forget_job):  # a stale cached reference
         core.discard(fast.record)
         start = prefixes.start(job, plan, core.reference(job)) if prefix else None
-        fast = core.judged(runs_as, plan, start)
+        fast = core.judged(runs_as, plan, start, tails=prefix)
     if not fast.verdict.passed:
         if fast.used and not allowed.defer:
             return slow_judged(core, job, plan, fast, start)
@@ -133,7 +133,7 @@ def noise_first(core: Core, job: JobSpec, verdict: Verdict) -> None:
         )
 
 
-def judged_until_fired(core: Core, job: JobSpec, plan: Plan, start: Prefix | None) -> Judged:
+def judged_until_fired(core: Core, job: JobSpec, plan: Plan, start: Prefix | None, *, tails: bool = False) -> Judged:
     """A run whose only failure is a crash point counted from a step that never fired tested
     nothing: the job's file-system events fell otherwise than in its reference (a checkpoint
     written in a thread lands before or after a step by its timing). It is run again, at most
@@ -141,7 +141,7 @@ def judged_until_fired(core: Core, job: JobSpec, plan: Plan, start: Prefix | Non
     fires in any of them fails as before."""
     missed: list[str] = []
     while True:
-        judged = core.judged_once(job, plan, start)
+        judged = core.judged_once(job, plan, start, tails=tails)
         noise_first(core, job, judged.verdict)
         if len(missed) + 1 >= CRASH_POINT_TRIES or not missed_crash_point(plan, judged.record, judged.verdict.failures):
             judged.record.missed_tries = missed

@@ -33,7 +33,8 @@ from ..training.engine.run import run_job
 from ..training.judgement import JudgeContext, compares_state, judge_run
 from ..training.reference.cache import ReferenceCache
 from ..training.reference.prefix import Prefix, Prefixes, snapshots_dir
-from ..training.shortcuts import Judged, Shortcuts, used_by
+from ..training.reference.tails import Tails
+from ..training.shortcuts import Judged, Shortcuts, used_by, verdict_key
 from ..training.state.kept import KeptCopies, kept_dir
 from ..training.trajectory import RunRecord
 from ..training.verdict import Verdict
@@ -108,6 +109,7 @@ class Core:
         self._counter = 0
         self.resources = Resources(self.root, options.settings, warm=options.warm, ray_address=options.ray_address)
         self.prefixes = Prefixes(options.prefix)  # the copies of each reference's checkpoint folder
+        self.tails = Tails(self.workdir / ".tails")  # plans' last attempts, kept for a plan that ends on the same files
         self.shortcuts = Shortcuts(audit=int(options.audit))  # reused passes, disagreements, audits
         self.kept = KeptCopies()  # the checkpoints kept for the state diff: one budget, identical files once
         self.references = References(self, self.prefixes, options.reference_cache)
@@ -242,16 +244,28 @@ class Core:
         deferred = self.shortcuts.take_deferred(job, plan)
         return None if deferred is None else slow_judged(self, job, plan, *deferred)
 
-    def judged(self, job: JobSpec, plan: Plan, start: Prefix | None) -> Judged:
-        """``plan`` from ``start`` (None: step 0) judged, again if a crash point missed (:func:`judged_until_fired`)."""
-        return judged_until_fired(self, job, plan, start)
+    def judged(self, job: JobSpec, plan: Plan, start: Prefix | None, *, tails: bool = False) -> Judged:
+        """``plan`` from ``start`` (None: step 0) judged, again if a crash point missed (:func:`judged_until_fired`);
+        ``tails``: its last attempt may be another plan's, where it would begin on the same files."""
+        return judged_until_fired(self, job, plan, start, tails=tails)
 
-    def judged_once(self, job: JobSpec, plan: Plan, start: Prefix | None) -> Judged:
+    def judged_once(self, job: JobSpec, plan: Plan, start: Prefix | None, *, tails: bool = False) -> Judged:
         """One run of ``plan`` from ``start``, judged."""
         cached = self.references.from_cache(job)
         reference = self.reference(job)
         workdir = self.next_dir(f"{job.name}-{len(plan.preemptions)}p")
-        record = self.execute(job, plan, workdir, judge_restarts=True, keep_checkpoints="resumed", prefix=start)
+        # a job's tails are shared where its copies are: its whole world is its checkpoint folder
+        shared = self.tails if tails and self.prefixes.live(job) else None
+        record = self.execute(
+            job,
+            plan,
+            workdir,
+            judge_restarts=True,
+            keep_checkpoints="resumed",
+            prefix=start,
+            tails=shared,
+            tails_key=verdict_key(job),
+        )
         judging = time.monotonic()
         context = JudgeContext(
             backend=lambda: self.local_backend(job),
@@ -303,6 +317,7 @@ class Core:
         """Stop what the session started; remove what passed; keep the session's directory only if
         a failure left something in it."""
         self.resources.close()  # containers, the S3 proxy and server, the warm interpreters
+        self.tails.close()
         for reference in self.references.all():
             self.discard(reference)
         if self.workdir.exists() and not any(self.workdir.iterdir()):

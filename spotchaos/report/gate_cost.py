@@ -12,8 +12,19 @@ from __future__ import annotations
 from typing import Any
 
 # prefix_steps: steps credited from the reference's prefix (training/reference/prefix.py), never trained; prefix_runs:
-# runs that started from it; cached_references: references read from the reference cache, not run
-COUNTS = ("runs", "starts", "warm_starts", "steps", "prefix_steps", "prefix_runs", "cached_references")
+# runs that started from it; tail_steps, tail_runs: the same for a last attempt another plan ran on the same
+# files (training/reference/tails.py); cached_references: references read from the reference cache, not run
+COUNTS = (
+    "runs",
+    "starts",
+    "warm_starts",
+    "steps",
+    "prefix_steps",
+    "prefix_runs",
+    "tail_steps",
+    "tail_runs",
+    "cached_references",
+)
 PARTS = ("startup_seconds", "training_seconds", "harness_seconds")  # where the seconds went: they add up
 # warm_startup_seconds: of the start-up, that of the warm starts; gpu_seconds: device-seconds, each GPU an
 # attempt held (leased, given by Ray, or used) for its launch to its exit: what a GPU gate is billed
@@ -82,6 +93,9 @@ def cost_line(job: str, cost: dict[str, Any]) -> str:
         if credited
         else ""
     )
+    tails = int(cost.get("tail_steps") or 0)
+    if tails:
+        prefix += f" ({cost.get('tail_runs') or 0} ending on another plan's tail: {tails} steps credited, not trained)"
     cached = ", its reference read from the cache" if cost.get("cached_references") else ""
     gpu = float(cost.get("gpu_seconds") or 0.0)
     held = f", {gpu:.0f} GPU-seconds" if gpu else ""

@@ -1,9 +1,10 @@
 """The shortcuts a gate takes, and the rule that keeps them honest: a shortcut may save work, never decide.
 
 The shortcuts: attempts forked from the job's warm interpreter (``host/warm``), plans started from
-a copy of the reference's checkpoint (``reference/prefix.py``), a reference read from the cache of
-an earlier session (``reference/cache.py``), and a plan's pass reused by another scenario of the
-session. Each can hide a defect that only the slow path shows (a resume that differs in a fresh
+a copy of the reference's checkpoint (``reference/prefix.py``), a last attempt taken from another
+plan whose last attempt began on the same bytes (``reference/tails.py``), a reference read from the
+cache of an earlier session (``reference/cache.py``), and a plan's pass reused by another scenario
+of the session. Each can hide a defect that only the slow path shows (a resume that differs in a fresh
 process, a side file a copy does not hold, a job changed since its reference was cached, a job
 that differs where the reuse key did not look), so:
 
@@ -36,6 +37,7 @@ from .verdict import Verdict
 log = logging.getLogger("spotchaos")
 
 WARM, PREFIX, CACHE = "warm start", "start from the reference's copy", "cached reference"
+TAIL = "tail reused from another plan"
 SLOW_PATH = "cold processes, from step 0, against a reference trained this session"
 
 
@@ -179,6 +181,8 @@ def used_by(record: RunRecord, start: Prefix | None, cached: bool) -> tuple[str,
         used.append(PREFIX)
     if any(a.start_kind == "warm" for a in record.attempts):
         used.append(WARM)
+    if record.tail_of is not None:
+        used.append(TAIL)
     return tuple(used)
 
 

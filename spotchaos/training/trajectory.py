@@ -158,11 +158,14 @@ class RunRecord:
     # a reference read from the cache: the folder it was trained in, which its checkpoints' contents name
     # (a Trainer's output_dir); the state diff takes a path under it for the run's own, as under ``workdir``
     trained_in: str | None = None
+    # its last attempt is another plan's, reused (its restart began on the same bytes: training/reference/tails.py)
+    tail_of: str | None = None
 
     @property
     def trained(self) -> list[Attempt]:
-        """The attempts that ran (a prefix attempt is the reference's steps, credited, not run)."""
-        return [a for a in self.attempts if a.start_kind != "prefix"]
+        """The attempts that ran (a prefix attempt is the reference's steps, a tail another plan's:
+        credited, not run)."""
+        return [a for a in self.attempts if a.start_kind not in ("prefix", "tail")]
 
     @property
     def saved_steps(self) -> list[int]:

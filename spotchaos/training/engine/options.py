@@ -17,6 +17,7 @@ from ..state.kept import KeptCopies
 
 if TYPE_CHECKING:
     from ..reference.prefix import Prefix, Snapshots
+    from ..reference.tails import Tails
 
 CRASHPOINT_DIR = Path(__file__).resolve().parents[2] / "faults" / "crashpoint"
 
@@ -65,3 +66,8 @@ class EngineOptions:
     snapshots: Snapshots | None = None
     # a plan that starts from the reference's checkpoint after a step, not from step 0 (None: from 0)
     prefix: Prefix | None = None
+    # the session's kept tails: a last attempt on a folder another plan's last attempt began on,
+    # byte for byte, takes that attempt's events instead of training (None: every tail trains);
+    # given with the job's key (shortcuts.verdict_key)
+    tails: Tails | None = None
+    tails_key: str = ""

@@ -57,6 +57,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         attempts.append(options.prefix.attempt(checkpoints))
     first = len(attempts)
     convention = options.convention  # None until a log-adapter job's uninterrupted run teaches it
+    tail_of = None
     for index in range(first, len(plan.preemptions) + 1 + first):
         number = index - first  # the plan's preemption this attempt receives
         preemption = plan.preemptions[number] if number < len(plan.preemptions) else None
@@ -68,9 +69,18 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         resharded = index > 0 and options.resume_nproc is not None
         attempt_job = replace(job, nproc_per_node=options.resume_nproc) if resharded else job
         attempt_job = as_attempt(attempt_job, restart=index > first)
+        tail_key = _tail_key(options, index, preemption, previous, checkpoints)
+        tail = options.tails.find(tail_key) if options.tails is not None and tail_key is not None else None
+        if tail is not None:  # another plan's last attempt began on these very files: its events, not a rerun
+            attempts.append(options.tails.replay(tail, workdir))
+            tail_of = tail.describe()
+            log.info("job %s, plan %s, attempt %d: the tail of %s, reused", job.name, plan, index, tail_of)
+            break
         context = RunContext(workdir, cwd, checkpoints, run_id, backend)
         attempt, learned = AttemptRun(attempt_job, index, preemption, context, options, previous).run()
         attempts.append(attempt)
+        if tail_key is not None and options.tails is not None:
+            options.tails.keep(tail_key, attempt, str(plan), workdir)
         if job.platform in SLURM:  # whether it asked for its restart, as the stand-in's scontrol recorded
             slurm_id = slurm.job_id(run_id, index, requeue=job.platform == "slurm-requeue")
             attempt.requeued = slurm.requeued(attempt_folder(context, index), slurm_id)
@@ -99,7 +109,25 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         not_reached=not_reached,
         convention=convention.report(job.log) if convention is not None and job.log is not None else None,
         prefix_step=options.prefix.step if options.prefix is not None else None,
+        tail_of=tail_of,
     )
+
+
+def _tail_key(
+    options: EngineOptions, index: int, preemption: object, previous: Attempt | None, checkpoints: Path
+) -> str | None:
+    """The key of a restart with no fault left in it (reference/tails.py), where the run may reuse tails."""
+    if options.tails is None or preemption is not None or previous is None or previous.fault is None:
+        return None
+    environment = (
+        options.extra_env,
+        options.keep_checkpoints,
+        options.trace_fs,
+        options.judge_restarts,
+        options.resume_nproc,
+        repr(options.convention),
+    )
+    return options.tails.key(options.tails_key, index, checkpoints, environment)
 
 
 def _rerun_record(attempt: Attempt) -> FaultRecord:

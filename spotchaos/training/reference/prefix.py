@@ -419,6 +419,12 @@ class Prefixes:
             self._snapshots[held_key(job)] = snapshots
             reference.snapshots = snapshots.describe()
 
+    def live(self, job: JobSpec) -> bool:
+        """Whether ``job``'s runs may start from copies now: its reference's were taken, none refused
+        (a checkpoint naming the reference's folder, a write outside its folder), no plan failed."""
+        snapshots = self._snapshots.get(held_key(job))
+        return snapshots is not None and snapshots.refused is None
+
     def start(self, job: JobSpec, plan: Plan, reference: RunRecord) -> Prefix | None:
         """Where ``plan`` may start: the reference's newest snapshot before its first fault."""
         snapshots = self._snapshots.get(held_key(job))  # a twin with prefixes off is another key, with none
