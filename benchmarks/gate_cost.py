@@ -5,13 +5,15 @@ scenario and for the job, and the session's own wall time. The figures of issue 
 before and after each mechanism that cuts them.
 
     .venv/bin/python benchmarks/gate_cost.py [--job reference] [--profile quick|standard] [--seed 1]
-        [--warm on|off|both]
+        [--warm on|off|both] [--prefix on|off|both] [--tails on|off|both] [--cache off|both]
 
 ``--warm both`` runs the session twice, every attempt cold and then warm starts on (the default),
 and prints the paired ratios: the session's wall time, and start-up per start, cold and warm.
 ``--prefix both`` does the same for the reference's prefix (training/reference/prefix.py): every plan from
 step 0, then searched plans from the reference's checkpoints (the default), and prints the paired
-steps trained and runs' worth, with the steps credited instead. ``--cache both`` runs it twice on
+steps trained and runs' worth, with the steps credited instead. ``--tails both`` pairs a session that
+trains every plan's last attempt with one where a plan ending on another plan's files takes its tail
+(training/reference/tails.py), and prints the steps trained, runs' worth and wall. ``--cache both`` runs it twice on
 one new reference cache (training/reference/cache.py): the first session trains the reference and
 keeps it, the second reads it; every other figure here runs with the cache off, so a user's own
 cache never changes what is measured.
@@ -47,7 +49,14 @@ def builtin_modules(job: str) -> tuple[str, ...]:
 
 
 def measure(
-    job: str, profile: str, seed: int, budgets: bool, warm: str = "on", prefix: str = "on", cache: str = "off"
+    job: str,
+    profile: str,
+    seed: int,
+    budgets: bool,
+    warm: str = "on",
+    prefix: str = "on",
+    cache: str = "off",
+    tails: str = "on",
 ) -> tuple[dict, float, int]:
     """(the report, the session's wall seconds, pytest's exit status)."""
     with tempfile.TemporaryDirectory(prefix="gate-cost-") as out:
@@ -62,6 +71,7 @@ def measure(
             f"--spotchaos-output={out}",
             f"--spotchaos-warm={warm}",
             f"--spotchaos-prefix={prefix}",
+            f"--spotchaos-tails={tails}",
             f"--spotchaos-reference-cache={cache}",
             "-p",
             "no:cacheprovider",
@@ -88,24 +98,46 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warm", default="on", choices=("on", "off", "both"))
     parser.add_argument("--prefix", default="on", choices=("on", "off", "both"))
+    parser.add_argument("--tails", default="on", choices=("on", "off", "both"))
     parser.add_argument("--cache", default="off", choices=("off", "both"))
     parser.add_argument("--no-budgets", action="store_true", help="leave the two budget scenarios out")
     args = parser.parse_args()
-    if [args.warm, args.prefix, args.cache].count("both") > 1:
-        parser.error("pair one mechanism at a time: --warm both, --prefix both or --cache both")
+    if [args.warm, args.prefix, args.tails, args.cache].count("both") > 1:
+        parser.error("pair one mechanism at a time: --warm both, --prefix both, --tails both or --cache both")
     if args.cache == "both":
         sys.exit(paired_cache(args))
     totals, failed = {}, False
-    variants = [(w, args.prefix) for w in ("off", "on")] if args.warm == "both" else [(args.warm, args.prefix)]
-    if args.prefix == "both":
-        variants = [(args.warm, p) for p in ("off", "on")]
-    for warm, prefix in variants:
-        document, wall, status = measure(args.job, args.profile, args.seed, not args.no_budgets, warm, prefix)
-        head = f"job {args.job}, profile {args.profile}, seed {args.seed}, warm {warm}, prefix {prefix}"
+    paired = "warm" if args.warm == "both" else "prefix" if args.prefix == "both" else "tails"
+    both = ("off", "on") if "both" in (args.warm, args.prefix, args.tails) else (None,)
+    for value in both:
+        chosen = {"warm": args.warm, "prefix": args.prefix, "tails": args.tails}
+        if value is not None:
+            chosen[paired] = value
+        document, wall, status = measure(
+            args.job,
+            args.profile,
+            args.seed,
+            not args.no_budgets,
+            chosen["warm"],
+            chosen["prefix"],
+            tails=chosen["tails"],
+        )
+        head = f"job {args.job}, profile {args.profile}, seed {args.seed}, " + ", ".join(
+            f"{k} {v}" for k, v in chosen.items()
+        )
         print(f"{head}: pytest exit {status}, {wall:.0f} s")
         total = show(document, args.job)
-        totals[warm if args.warm == "both" else prefix] = (total, wall)
+        totals[chosen[paired]] = (total, wall)
         failed = failed or status != 0
+    if args.tails == "both":
+        (full, full_wall), (shared, shared_wall) = totals["off"], totals["on"]
+        print(
+            f"paired: steps trained {shared['steps']} with tails / {full['steps']} without = "
+            f"{shared['steps'] / max(full['steps'], 1):.2f} ({shared.get('tail_steps', 0)} credited in "
+            f"{shared.get('tail_runs', 0)} runs' tails); runs' worth {shared['runs_worth']} / {full['runs_worth']}; "
+            f"wall {shared_wall:.0f} s / {full_wall:.0f} s = {shared_wall / full_wall:.2f}"
+        )
+        sys.exit(1 if failed else 0)
     if args.prefix == "both":
         (full, full_wall), (shared, shared_wall) = totals["off"], totals["on"]
         print(
@@ -155,10 +187,15 @@ def _per_start(total: dict, *, warm: bool) -> float:
 
 
 def credited(total: dict) -> str:
-    """``; 24 credited from the reference's checkpoints in 2 runs``, where any were."""
-    if not total.get("prefix_steps"):
-        return ""
-    return f"; {total['prefix_steps']} credited from the reference's checkpoints in {total.get('prefix_runs', 0)} runs"
+    """``; 24 credited from the reference's checkpoints in 2 runs``, and from other plans' tails, where any were."""
+    said = ""
+    if total.get("prefix_steps"):
+        said += (
+            f"; {total['prefix_steps']} credited from the reference's checkpoints in {total.get('prefix_runs', 0)} runs"
+        )
+    if total.get("tail_steps"):
+        said += f"; {total['tail_steps']} credited from other plans' tails in {total.get('tail_runs', 0)} runs"
+    return said
 
 
 def show(document: dict, job: str) -> dict:

@@ -111,12 +111,18 @@ def _add_shortcut_options(group: pytest.OptionGroup) -> None:
         "(default: on; a job's first searched plan of the session always starts from step 0)",
     )
     group.addoption(
+        "--spotchaos-tails",
+        choices=("on", "off"),
+        help="a plan whose last restart begins on the very checkpoint files another plan's did takes that attempt "
+        "instead of training it again (default: on, where plans start from copies; off with --spotchaos-prefix=off)",
+    )
+    group.addoption(
         "--spotchaos-audit",
         type=int,
         metavar="N",
         help="run the first N plans per job that passed through a shortcut (a warm start, a start from the "
-        "reference's copy, a cached reference) again on the slow path, and fail if the verdicts differ "
-        "(default: 0; a failure through a shortcut is always judged again)",
+        "reference's copy, another plan's tail, a cached reference) again on the slow path, and fail if the "
+        "verdicts differ (default: 0; a failure through a shortcut is always judged again)",
     )
 
 

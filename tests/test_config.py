@@ -129,6 +129,10 @@ def test_options_precedence_and_errors():
     )
     with pytest.raises(ConfigError, match=r"--spotchaos-audit \(or SPOTCHAOS_AUDIT\) must be a count"):
         _resolve(environ={"SPOTCHAOS_AUDIT": "many"})
+    assert _resolve().tails and not _resolve(tails="off").tails
+    assert not _resolve(environ={"SPOTCHAOS_TAILS": "off"}).tails
+    with pytest.raises(ConfigError, match=r"--spotchaos-tails \(or SPOTCHAOS_TAILS\): expected 'on' or 'off'"):
+        _resolve(tails="maybe")
 
 
 def test_saved_runs_go_where_history_says_with_a_gitignore_and_off_saves_none(tmp_path):

@@ -83,6 +83,14 @@ def test_a_tail_is_taken_only_on_the_same_bytes_at_the_same_attempt(session):
     assert verdict.passed and fresh.tail_of is None and fresh.prefix_step is None
 
 
+def test_tails_off_for_the_session_trains_every_tail(tmp_path):
+    job = trainer(name="tails-off")
+    with Session(ROOT, workdir=tmp_path / "runs", tails=False) as runner:
+        for plan in ("sigkill@13", "sigkill@14"):
+            run, verdict = runner.run(job, Plan.parse(plan), Allowed(prefix=True))
+            assert verdict.passed and run.prefix_step is not None and run.tail_of is None, run.tail_of
+
+
 def test_the_audit_runs_a_pass_through_a_tail_again_on_the_slow_path_and_agrees(tmp_path):
     """``--spotchaos-audit=2``: the first plan's pass (from a copy, warm) and the second's (its tail
     reused) are both run again cold from step 0; a correct job agrees, and both audits are spent."""

@@ -67,16 +67,18 @@ CALM = StorageChaos()
 class CoreOptions:
     """How a session runs, fixed when it starts (the plugin's options, or the Python API's keywords).
 
-    ``warm``, ``prefix``: whether runs may fork from warm interpreters and start from copies of the
-    reference's checkpoints (shortcuts: they save work, never decide); ``audit``: passing plans per
-    job proven again on the slow path; ``keep_passing``: keep every run's folder, not only failures';
-    ``reference_cache``: references kept across sessions; ``ray_address``: the user's Ray cluster;
-    ``settings``: the project's ``[tool.spotchaos]`` where the caller has read it already.
+    ``warm``, ``prefix``, ``tails``: whether runs may fork from warm interpreters, start from copies of
+    the reference's checkpoints, and end on another plan's tail (shortcuts: they save work, never
+    decide); ``audit``: passing plans per job proven again on the slow path; ``keep_passing``: keep
+    every run's folder, not only failures'; ``reference_cache``: references kept across sessions;
+    ``ray_address``: the user's Ray cluster; ``settings``: the project's ``[tool.spotchaos]`` where
+    the caller has read it already.
     """
 
     keep_passing: bool = False
     warm: bool = True
     prefix: bool = True
+    tails: bool = True
     audit: int = 0
     reference_cache: ReferenceCache | None = None
     ray_address: str | None = None
@@ -109,7 +111,8 @@ class Core:
         self._counter = 0
         self.resources = Resources(self.root, options.settings, warm=options.warm, ray_address=options.ray_address)
         self.prefixes = Prefixes(options.prefix)  # the copies of each reference's checkpoint folder
-        self.tails = Tails(self.workdir / ".tails")  # plans' last attempts, kept for a plan that ends on the same files
+        # plans' last attempts, kept for a plan that ends on the same files (None: every tail trains)
+        self.tails = Tails(self.workdir / ".tails") if options.tails else None
         self.shortcuts = Shortcuts(audit=int(options.audit))  # reused passes, disagreements, audits
         self.kept = KeptCopies()  # the checkpoints kept for the state diff: one budget, identical files once
         self.references = References(self, self.prefixes, options.reference_cache)
@@ -317,7 +320,8 @@ class Core:
         """Stop what the session started; remove what passed; keep the session's directory only if
         a failure left something in it."""
         self.resources.close()  # containers, the S3 proxy and server, the warm interpreters
-        self.tails.close()
+        if self.tails is not None:
+            self.tails.close()
         for reference in self.references.all():
             self.discard(reference)
         if self.workdir.exists() and not any(self.workdir.iterdir()):

@@ -37,6 +37,7 @@ class RunOptions:
     ray_address: str | None = None  # the user's Ray cluster instead of a local one
     warm: bool = True  # attempts of local Python jobs fork from a warm interpreter (host/warm)
     prefix: bool = True  # searched plans may start from the reference's checkpoints (training/reference/prefix.py)
+    tails: bool = True  # a plan's last attempt may be another plan's on the same bytes (training/reference/tails.py)
     history: str | None = HISTORY_DIR  # where each session's report is saved for compare (None: nowhere)
     reference_cache: str | None = None  # where references are kept across sessions (None: nowhere)
     fresh_reference: bool = False  # train every reference again, and rewrite its entry
@@ -64,6 +65,7 @@ class Given:
     ray_address: str | None = None
     warm: str | None = None
     prefix: str | None = None
+    tails: str | None = None
     history: str | None = None
     reference_cache: str | None = None
     fresh_reference: bool = False
@@ -86,6 +88,7 @@ def resolve(
             f"--spotchaos-plan: {given.plan!r} holds no preemption; give at least one FAULT@STEP, e.g. sigterm@5"
         )
     warm, prefix = given.warm or environ.get("SPOTCHAOS_WARM"), given.prefix or environ.get("SPOTCHAOS_PREFIX")
+    tails = given.tails or environ.get("SPOTCHAOS_TAILS")
     cache = given.reference_cache if given.reference_cache is not None else environ.get("SPOTCHAOS_REFERENCE_CACHE")
     return RunOptions(
         seed=resolved_seed,
@@ -105,6 +108,7 @@ def resolve(
         ray_address=given.ray_address,
         warm=_on_off("--spotchaos-warm (or SPOTCHAOS_WARM)", warm or "on"),
         prefix=_on_off("--spotchaos-prefix (or SPOTCHAOS_PREFIX)", prefix or "on"),
+        tails=_on_off("--spotchaos-tails (or SPOTCHAOS_TAILS)", tails or "on"),
         history=_history(given.history if given.history is not None else environ.get("SPOTCHAOS_HISTORY")),
         reference_cache=_reference_cache(cache, environ),
         fresh_reference=given.fresh_reference,

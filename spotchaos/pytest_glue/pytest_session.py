@@ -122,7 +122,7 @@ def _own_scenarios(items: list[pytest.Item]) -> bool:
 # Given's fields and the --spotchaos-* options that give them (pytest's dest names, plugin.py)
 _GIVEN = {
     **{name: name for name in ("seed", "profile", "examples", "output", "plan", "keep_runs", "parallel", "image")},
-    **{name: name for name in ("backend", "ray_address", "warm", "prefix", "history", "reference_cache")},
+    **{name: name for name in ("backend", "ray_address", "warm", "prefix", "tails", "history", "reference_cache")},
     **{name: name for name in ("fresh_reference", "audit", "require_docker", "require_gpu")},
     "jobs": "job",
 }
@@ -164,6 +164,7 @@ def start(config: pytest.Config) -> None:
             keep_passing=options.keep_runs,
             warm=options.warm,
             prefix=options.prefix,
+            tails=options.tails,
             audit=options.audit,
             reference_cache=None if cache is None else ReferenceCache(cache, fresh=options.fresh_reference),
             ray_address=options.ray_address,
