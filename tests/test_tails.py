@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from spotchaos.config.jobs import load_settings
 from spotchaos.core import Allowed
 from spotchaos.faults.plan import Plan
 from spotchaos.record import ScenarioRecord
@@ -89,6 +90,22 @@ def test_tails_off_for_the_session_trains_every_tail(tmp_path):
         for plan in ("sigkill@13", "sigkill@14"):
             run, verdict = runner.run(job, Plan.parse(plan), Allowed(prefix=True))
             assert verdict.passed and run.prefix_step is not None and run.tail_of is None, run.tail_of
+
+
+def test_a_trainers_tail_names_the_folder_it_trained_in_and_the_state_diff_reads_it_as_its_own(tmp_path):
+    """A transformers Trainer stores its ``output_dir`` in every checkpoint (``training_args.bin``):
+    the reused tail's checkpoints name the run that trained it, and the state diff reads that path
+    as the run's own, as it does the run's own folder (the main job's false alarm: *output_dir ...
+    differs*, then the slow path passed)."""
+    declared = next(j for j in load_settings(ROOT / "pyproject.toml").jobs if j.name == "hf-trainer")
+    job = replace(declared, name="hf-trainer-tails")
+    with Session(ROOT, workdir=tmp_path / "runs") as runner:
+        first, verdict = runner.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
+        assert verdict.passed and first.prefix_step is not None, verdict.message()
+        second, verdict = runner.run(job, Plan.parse("sigkill@14"), Allowed(prefix=True))
+        assert verdict.passed and second.shortcuts is None, verdict.message()
+        assert second.tail_of == "plan sigkill@13's attempt 2", second.tail_of
+        assert second.attempts[-1].trained_in == first.workdir
 
 
 def test_the_audit_runs_a_pass_through_a_tail_again_on_the_slow_path_and_agrees(tmp_path):

@@ -217,6 +217,7 @@ def state_difference(
         runs=(reference.trained_in or str(reference.workdir), str(run.workdir)),
         restart_flags=restart_flags(job.command, job.resume_args, job.resume_command),
         identities=frozenset(repr(r) for r in logger_runs(reference.attempts) | logger_runs(run.attempts)),
+        trained_elsewhere=tuple((a.index, a.trained_in) for a in run.attempts if a.trained_in is not None),
     )
     first = 0 if uninterrupted else 1
     return compare_kept(

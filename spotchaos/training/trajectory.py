@@ -79,6 +79,9 @@ class Attempt:
     placement: dict[str, Any] | None = None  # where it ran on a cluster: the Ray node, its id and resources
     start_kind: str = "cold"  # "warm" (forked from the job's warm interpreter), or "cold" and why
     requeued: bool | None = None  # on Slurm: whether it called `scontrol requeue` for its job id (None: not Slurm)
+    # a tail another plan ran (start_kind "tail"): the run folder it trained in, which its checkpoints'
+    # contents may name (a Trainer's output_dir); the state diff reads that path as the run's own
+    trained_in: str | None = None
 
     def of_kind(self, kind: str) -> list[Event]:
         return [e for e in self.events if e["event"] == kind]

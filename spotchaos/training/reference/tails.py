@@ -177,6 +177,7 @@ def _moved(tail: Tail, checkpoints: Path) -> Attempt:
             if (name == "uri" or name.endswith("_uri")) and isinstance(value, str):  # resume's, rollback's skipped_uri
                 event[name] = _moved_uri(value, tail.ran_in, checkpoints)
     attempt.start_kind = "tail"
+    attempt.trained_in = str(tail.ran_in.parent)  # its checkpoints name that run's folder (a Trainer's output_dir)
     return attempt
 
 

@@ -18,7 +18,7 @@ job's confinement (``confined/state_diff.py``). Paths of each run's own director
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,9 @@ class DiffRules:
     # values each run reported as its own identity (its logger's run id, ``probe.logger``), as the
     # diff shows them: two runs store their own, which is no state a resume failed to restore
     identities: frozenset[str] = frozenset()
+    # attempts that trained in another run's folder (a tail another plan ran: training/reference/tails.py),
+    # each with that folder: their checkpoints name it, as the run's own name ``runs[1]``
+    trained_elsewhere: tuple[tuple[int, str], ...] = ()
 
 
 def compare(
@@ -104,11 +107,13 @@ def compare(
         for a, label in [p.name[1:].split("-", 1)]
         if a.isdigit() and int(a) >= first_attempt and label[:1] in ("s", "k") and label[1:].lstrip("-").isdigit()
     )
+    elsewhere = dict(rules.trained_elsewhere)
     for attempt, _, label, path in kept:
         reference = reference_kept / f"a0-{label}"
         if not reference.is_dir():
             continue
-        found, more = _compare_folders(reference, path, confined, rules)
+        written = replace(rules, runs=(rules.runs[0], elsewhere[attempt])) if attempt in elsewhere else rules
+        found, more = _compare_folders(reference, path, confined, written)
         if found:
             texts = [text for _, text in found]
             entries = [entry for entry, _ in found][:ENTRIES_KEPT]
