@@ -190,6 +190,14 @@ def note_harness(seconds: float) -> None:
             record.cost["harness_seconds"] = round(record.cost["harness_seconds"] + seconds, 3)
 
 
+def note_cleared(why: str) -> None:
+    """The failures noted so far were a shortcut's, which the slow path overruled (a search that
+    stopped at a plan only a shortcut failed): the scenario is judged again by what follows."""
+    if (record := current()) is not None:
+        record.passed, record.failing_plan, record.verdict = True, None, None
+        record.warnings.append(why)
+
+
 def note_plans(count: int, *, add: bool = False) -> None:
     """How many plans the scenario ran (a search's count, or one more for a fixed plan)."""
     if (record := current()) is not None:

@@ -22,7 +22,7 @@ from .core import Allowed, Core
 from .errors import ScenarioFailure, SpotchaosError
 from .families.preemption import ChaosFailure, DamageNotApplied, check, settle
 from .faults.plan import Plan
-from .record import note_figures, note_plans
+from .record import note_cleared, note_figures, note_plans
 from .strategies import FirstPlans, plan_cell, preemption_plans, resumes_from_a_checkpoint
 from .training.trajectory import RunRecord
 from .training.verdict import Verdict
@@ -70,10 +70,30 @@ def explore(
 
     Returns the number of plans tried. A :class:`SpotchaosError` that is not a verdict (the job
     hung, crashed on its own, wrote garbage) stops the search at once instead of being shrunk.
+
+    A search that stopped at a plan whose failure through a shortcut was the harness's (a copy that
+    changed, a crash point that never fired through it: ``Shortcuts.explained``) and that passed on
+    the slow path found no failure; it searches again, once, without the copies that misled it.
     """
     settings = settings or ExploreSettings()
+    tried, explained = _explore(core, job, plans, settings, first)
+    if explained:
+        why = "the search stopped at a plan only a shortcut failed (the slow path passed it): searched again"
+        log.warning("spotchaos: job %r: %s", job.name, why)
+        note_cleared(why)
+        tried += _explore(core, job, plans, settings, first)[0]
+        note_plans(tried)
+    return tried
+
+
+def _explore(
+    core: Core, job: JobSpec, plans: PlanSource | None, settings: ExploreSettings, first: FirstPlans | None
+) -> tuple[int, bool]:
+    """One search (see :func:`explore`): the plans tried, and whether it stopped at a plan that passed
+    on the slow path after a failure the harness explained."""
     reference = core.reference(job)
     search = _Search(core, job, settings, _strategy(plans, reference, job))
+    explained = False
     leading = _first_plans(first, reference, job)[: max(0, settings.max_examples - 1)]  # at least one searched
     searching = search.searching(max(1, settings.max_examples - len(leading)))
     # Plans in parallel: the plans the search will draw are run ahead, several at once; the search
@@ -93,7 +113,10 @@ def explore(
                 raise
             raise failure from (group if settings.verbose else None)
     except ChaosFailure as failure:  # the plan it reports, judged through a shortcut: now on the slow path
-        raise settle(core, job, failure) from failure.__cause__
+        settled = settle(core, job, failure)
+        if not settled.verdict.passed:
+            raise settled from failure.__cause__
+        explained = True  # the slow path's pass stands (its record says which shortcut, and why)
     except Unsatisfiable:
         raise DamageNotApplied(
             f"job {job.name!r}: no plan could damage a checkpoint (does it report durable checkpoints "
@@ -107,7 +130,7 @@ def explore(
                 core.discard(left[0])
     if search.aborted:
         raise search.aborted[0]
-    return search.tried
+    return search.tried, explained
 
 
 def _strategy(plans: PlanSource | None, reference: RunRecord, job: JobSpec) -> st.SearchStrategy[Plan]:

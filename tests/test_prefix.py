@@ -495,3 +495,27 @@ def test_a_failure_on_a_shortcut_that_the_slow_path_does_not_see_fails_naming_th
         later, later_verdict = runner.run(job, Plan.parse("sigkill@13"), Allowed(prefix=True))
         assert later_verdict.passed, later_verdict.message()  # cold from step 0 it resumes right
         assert {a.start_kind.split(":")[0] for a in later.attempts} == {"cold"} and later.prefix_step is None
+
+
+def test_a_search_stopped_by_a_spoiled_copy_searches_again_and_passes(tmp_path):
+    """The search's form of the test above (the main job's false alarm: its search reported a plan
+    whose failure the harness had explained, with the slow path's passing verdict as the failure).
+    A plan drawn from a spoiled copy fails through it; settled on the slow path it passes and the
+    harness is to blame; the search found no failure, so it searches again, without copies, and the
+    scenario passes, saying why on its record."""
+    job = trainer("reference_trainer", "--seed", "11", name="spoiled-search")
+    record = ScenarioRecord(scenario="spoiled", job=job.name, seed=2)
+    with Session(ROOT, workdir=tmp_path / "runs") as runner:
+        reference = runner.reference(job)
+        for step in reference.snapshots["steps"]:  # every copy loses its newest checkpoint
+            snapshot = Path(reference.workdir + ".snapshots") / f"s{step}"
+            shutil.rmtree(max(snapshot.glob("ckpt-*")))
+        with record:  # the first plan from step 0 (the fresh start), the next from a spoiled copy
+            tried = explore(
+                runner, job, plans("sigkill@13", "sigkill@17"), settings=ExploreSettings(max_examples=2, seed=2)
+            )
+    assert record.passed and record.failing_plan is None, (record.failing_plan, record.verdict)
+    assert any("searched again" in w for w in record.warnings), (record.warnings, record.runs)
+    explained = [r for r in record.runs if r.get("shortcuts")]
+    assert explained and "explained" in explained[0]["shortcuts"], record.runs
+    assert tried >= 3 and all(r["passed"] for r in record.runs[-2:]), record.runs
