@@ -161,12 +161,18 @@ def test_a_process_is_described_by_what_it_runs_however_deep_the_checkout_lies(t
     deeper than a developer's: a script's name cut off there failed a test once)."""
     import subprocess
     import sys
+    import time
+    from pathlib import Path
 
     from spotchaos.host.processes import describe
 
     deep = "/" + "/".join(["a-long-folder-name"] * 8) + "/fixtures/reference_trainer.py"
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", deep, "--steps", "12"])
     try:
+        cmdline = Path(f"/proc/{child.pid}/cmdline")
+        deadline = time.monotonic() + 10  # until the child has exec'd: its command line is empty while it execs
+        while b"reference_trainer.py" not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
         said = describe(child.pid)
     finally:
         child.kill()
