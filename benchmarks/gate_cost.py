@@ -130,22 +130,10 @@ def main() -> None:
         totals[chosen[paired]] = (total, wall)
         failed = failed or status != 0
     if args.tails == "both":
-        (full, full_wall), (shared, shared_wall) = totals["off"], totals["on"]
-        print(
-            f"paired: steps trained {shared['steps']} with tails / {full['steps']} without = "
-            f"{shared['steps'] / max(full['steps'], 1):.2f} ({shared.get('tail_steps', 0)} credited in "
-            f"{shared.get('tail_runs', 0)} runs' tails); runs' worth {shared['runs_worth']} / {full['runs_worth']}; "
-            f"wall {shared_wall:.0f} s / {full_wall:.0f} s = {shared_wall / full_wall:.2f}"
-        )
+        print(paired_steps(totals, "with tails", "tail", "runs' tails"))
         sys.exit(1 if failed else 0)
     if args.prefix == "both":
-        (full, full_wall), (shared, shared_wall) = totals["off"], totals["on"]
-        print(
-            f"paired: steps trained {shared['steps']} with the prefix / {full['steps']} without = "
-            f"{shared['steps'] / max(full['steps'], 1):.2f} ({shared.get('prefix_steps', 0)} credited in "
-            f"{shared.get('prefix_runs', 0)} runs); runs' worth {shared['runs_worth']} / {full['runs_worth']}; "
-            f"wall {shared_wall:.0f} s / {full_wall:.0f} s = {shared_wall / full_wall:.2f}"
-        )
+        print(paired_steps(totals, "with the prefix", "prefix", "runs"))
         sys.exit(1 if failed else 0)
     if len(totals) == 2:
         (cold, cold_wall), (warm, warm_wall) = totals["off"], totals["on"]
@@ -156,6 +144,18 @@ def main() -> None:
             f"{_per_start(warm, warm=True):.2f} s, a cold one {_per_start(cold, warm=False):.2f} s"
         )
     sys.exit(1 if failed else 0)
+
+
+def paired_steps(totals: dict, with_it: str, credit: str, runs: str) -> str:
+    """The paired line of a mechanism that credits steps instead of training them (the prefix, the
+    tails): steps trained with it and without, what it credited, runs' worth and wall."""
+    (full, full_wall), (shared, shared_wall) = totals["off"], totals["on"]
+    return (
+        f"paired: steps trained {shared['steps']} {with_it} / {full['steps']} without = "
+        f"{shared['steps'] / max(full['steps'], 1):.2f} ({shared.get(f'{credit}_steps', 0)} credited in "
+        f"{shared.get(f'{credit}_runs', 0)} {runs}); runs' worth {shared['runs_worth']} / {full['runs_worth']}; "
+        f"wall {shared_wall:.0f} s / {full_wall:.0f} s = {shared_wall / full_wall:.2f}"
+    )
 
 
 def paired_cache(args: argparse.Namespace) -> int:

@@ -267,7 +267,7 @@ class Core:
             keep_checkpoints="resumed",
             prefix=start,
             tails=shared,
-            tails_key=verdict_key(job),
+            tails_key=verdict_key(job) if shared is not None else "",
         )
         judging = time.monotonic()
         context = JudgeContext(

@@ -20,7 +20,7 @@ from ...config.jobs import JobSpec
 from ...config.placeholders import working_folder
 from ...errors import JobError
 from ...faults import slurm, traits
-from ...faults.plan import Plan
+from ...faults.plan import Plan, Preemption
 from ..multirank.group_restarts import split_group_restarts
 from ..state.kept import kept_dir
 from ..trajectory import Attempt, FaultRecord, RunRecord
@@ -70,7 +70,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
         attempt_job = replace(job, nproc_per_node=options.resume_nproc) if resharded else job
         attempt_job = as_attempt(attempt_job, restart=index > first)
         tail_key = _tail_key(options, index, preemption, previous, checkpoints)
-        tail = options.tails.find(tail_key) if options.tails is not None and tail_key is not None else None
+        tail = options.tails.find(tail_key) if tail_key is not None and options.tails is not None else None
         if tail is not None:  # another plan's last attempt began on these very files: its events, not a rerun
             attempts.append(options.tails.replay(tail, workdir))
             tail_of = tail.describe()
@@ -114,7 +114,7 @@ def run_job(job: JobSpec, plan: Plan, workdir: Path, options: EngineOptions) -> 
 
 
 def _tail_key(
-    options: EngineOptions, index: int, preemption: object, previous: Attempt | None, checkpoints: Path
+    options: EngineOptions, index: int, preemption: Preemption | None, previous: Attempt | None, checkpoints: Path
 ) -> str | None:
     """The key of a restart with no fault left in it (reference/tails.py), where the run may reuse tails."""
     if options.tails is None or preemption is not None or previous is None or previous.fault is None:

@@ -279,7 +279,7 @@ class Prefix:
             if event["event"] == "step" and event["step"] > self.step:
                 continue
             if event["event"] == "checkpoint":
-                event = {**event, "uri": self._moved(event["uri"], checkpoints)}
+                event = {**event, "uri": moved_uri(event["uri"], self.reference_checkpoints, checkpoints)}
                 through = len(events) + 1 if event["step"] == self.step else through
             events.append(event)
         return Attempt(
@@ -292,12 +292,16 @@ class Prefix:
             start_kind="prefix",
         )
 
-    def _moved(self, uri: str, checkpoints: Path) -> str:
-        parsed = urlparse(uri)
-        path = Path(os.path.normpath(unquote(parsed.path) or "."))
-        if parsed.scheme not in ("", "file") or not path.is_relative_to(self.reference_checkpoints):
-            return uri  # outside the folder copied: the run's checks say so, as they would of the reference
-        return (checkpoints / path.relative_to(self.reference_checkpoints)).as_uri()
+
+def moved_uri(uri: str, source: Path, target: Path) -> str:
+    """A checkpoint's address under the folder ``source`` as the same file under ``target`` (a copy
+    of it); an address outside it is left as it is: the run's checks say so, as they would of the
+    run that wrote it."""
+    parsed = urlparse(uri)
+    path = Path(os.path.normpath(unquote(parsed.path) or "."))
+    if parsed.scheme not in ("", "file") or not path.is_relative_to(source):
+        return uri
+    return (target / path.relative_to(source)).as_uri()
 
 
 def ready_steps(reference: RunRecord) -> dict[int, int]:

@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from ...safety.safefs import UnsafeFile, copy_contents, open_beneath
 from ..state.kept import kept_dir
 from ..trajectory import Attempt
+from .prefix import moved_uri
 
 DIGEST_BYTES = 1 << 30  # a folder above this is hashed by no one: that plan trains its tail
 
@@ -175,15 +175,7 @@ def _moved(tail: Tail, checkpoints: Path) -> Attempt:
             event["t"] += shift
         for name, value in list(event.items()):
             if (name == "uri" or name.endswith("_uri")) and isinstance(value, str):  # resume's, rollback's skipped_uri
-                event[name] = _moved_uri(value, tail.ran_in, checkpoints)
+                event[name] = moved_uri(value, tail.ran_in, checkpoints)
     attempt.start_kind = "tail"
     attempt.trained_in = str(tail.ran_in.parent)  # its checkpoints name that run's folder (a Trainer's output_dir)
     return attempt
-
-
-def _moved_uri(uri: str, ran_in: Path, checkpoints: Path) -> str:
-    parsed = urlparse(uri)
-    path = Path(os.path.normpath(unquote(parsed.path) or "."))
-    if parsed.scheme not in ("", "file") or not path.is_relative_to(ran_in):
-        return uri
-    return (checkpoints / path.relative_to(ran_in)).as_uri()
